@@ -1,0 +1,203 @@
+"""config.json: load, validate, presets, and the tensor shapes a config implies."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .constants import (CONFIG_KEYS, HF_ARCHITECTURE, HF_EXPERT_FUSED_DOWN,
+                        HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER, MODEL_TYPE)
+
+
+class ConfigError(ValueError):
+    """A config.json that is missing a key, has a wrong type, or inconsistent shapes."""
+
+
+@dataclass(frozen=True)
+class CloverConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    conv_kernel_size: int
+    block_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    mask_token_id: int
+    bos_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    norm_topk_prob: bool
+    tie_word_embeddings: bool
+    torch_dtype: str = "bfloat16"
+
+    # ---- construction -----------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "config.json") -> "CloverConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source}: expected a JSON object")
+        if d.get("model_type", MODEL_TYPE) != MODEL_TYPE:
+            raise ConfigError(f"{source}: key 'model_type' is {d.get('model_type')!r}, expected {MODEL_TYPE!r}")
+        vals = {}
+        for key, typ in CONFIG_KEYS.items():
+            if key not in d:
+                raise ConfigError(f"{source}: missing key '{key}'")
+            v = d[key]
+            if typ is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ConfigError(f"{source}: key '{key}' must be an integer, got {v!r}")
+            if typ is float and not isinstance(v, float):
+                raise ConfigError(f"{source}: key '{key}' must be a number, got {v!r}")
+            if typ is bool and not isinstance(v, bool):
+                raise ConfigError(f"{source}: key '{key}' must be true or false, got {v!r}")
+            vals[key] = v
+        vals["torch_dtype"] = d.get("torch_dtype", "bfloat16")
+        cfg = cls(**vals)
+        cfg.validate(source)
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CloverConfig":
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        if not p.exists():
+            raise ConfigError(f"{p}: config file not found")
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p}: not valid JSON ({e})") from None
+        return cls.from_dict(d, source=str(p))
+
+    def validate(self, source: str = "config.json") -> None:
+        pos = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
+               "moe_intermediate_size", "shared_expert_intermediate_size", "conv_kernel_size",
+               "block_size"]
+        for k in pos:
+            if getattr(self, k) <= 0:
+                raise ConfigError(f"{source}: key '{k}' must be positive, got {getattr(self, k)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"{source}: key 'num_attention_heads' ({self.num_attention_heads}) must be "
+                              f"divisible by 'num_key_value_heads' ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ConfigError(f"{source}: key 'head_dim' must be even for RoPE, got {self.head_dim}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ConfigError(f"{source}: key 'num_experts_per_tok' ({self.num_experts_per_tok}) exceeds "
+                              f"'num_experts' ({self.num_experts})")
+        for k in ("mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id"):
+            v = getattr(self, k)
+            if not 0 <= v < self.vocab_size:
+                raise ConfigError(f"{source}: key '{k}' ({v}) is outside the vocabulary [0, {self.vocab_size})")
+        if self.rms_norm_eps <= 0:
+            raise ConfigError(f"{source}: key 'rms_norm_eps' must be positive")
+        if self.rope_theta <= 0:
+            raise ConfigError(f"{source}: key 'rope_theta' must be positive")
+        if self.tie_word_embeddings:
+            raise ConfigError(f"{source}: key 'tie_word_embeddings' must be false for Clover")
+
+    def to_dict(self) -> dict:
+        d = {"model_type": MODEL_TYPE, "architectures": [HF_ARCHITECTURE]}
+        d.update(asdict(self))
+        return d
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        p.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+    # ---- derived ------------------------------------------------------------------------
+    @property
+    def kv_group(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def expected_tensors(self, fused: bool = False) -> dict[str, tuple[int, ...]]:
+        """HF tensor name -> shape, in spec section 5 order."""
+        V, d, H, Hkv, D = (self.vocab_size, self.hidden_size, self.num_attention_heads,
+                           self.num_key_value_heads, self.head_dim)
+        E, Fe, Fs, K = (self.num_experts, self.moe_intermediate_size,
+                        self.shared_expert_intermediate_size, self.conv_kernel_size)
+        t: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, d)}
+        for i in range(self.num_hidden_layers):
+            p = f"model.layers.{i}."
+            t[p + "input_layernorm.weight"] = (d,)
+            t[p + "self_attn.q_proj.weight"] = (H * D, d)
+            t[p + "self_attn.k_proj.weight"] = (Hkv * D, d)
+            t[p + "self_attn.v_proj.weight"] = (Hkv * D, d)
+            t[p + "self_attn.o_proj.weight"] = (d, H * D)
+            t[p + "self_attn.q_norm.weight"] = (D,)
+            t[p + "self_attn.k_norm.weight"] = (D,)
+            t[p + "self_attn.memory.a_proj.weight"] = (Hkv, d)
+            t[p + "self_attn.memory.b_proj.weight"] = (Hkv, d)
+            t[p + "self_attn.memory.A_log"] = (Hkv,)
+            t[p + "self_attn.memory.dt_bias"] = (Hkv,)
+            t[p + "self_attn.memory.key"] = (H, D)
+            t[p + "self_attn.memory.calibration"] = (H,)
+            t[p + "conv.weight"] = (d, 1, K)
+            t[p + "conv.scale"] = (d,)
+            t[p + "post_attention_layernorm.weight"] = (d,)
+            t[p + "mlp.gate.weight"] = (E, d)
+            if fused:
+                t[HF_EXPERT_FUSED_GATE_UP.format(bid=i)] = (E, 2 * Fe, d)
+                t[HF_EXPERT_FUSED_DOWN.format(bid=i)] = (E, d, Fe)
+            else:
+                for x in range(E):
+                    t[HF_EXPERT_PER.format(bid=i, xid=x, proj="gate")] = (Fe, d)
+                    t[HF_EXPERT_PER.format(bid=i, xid=x, proj="up")] = (Fe, d)
+                    t[HF_EXPERT_PER.format(bid=i, xid=x, proj="down")] = (d, Fe)
+            t[p + "mlp.shared_expert.gate_proj.weight"] = (Fs, d)
+            t[p + "mlp.shared_expert.up_proj.weight"] = (Fs, d)
+            t[p + "mlp.shared_expert.down_proj.weight"] = (d, Fs)
+            t[p + "mlp.shared_expert_gate.weight"] = (1, d)
+        t["model.norm.weight"] = (d,)
+        t["lm_head.weight"] = (V, d)
+        return t
+
+    def n_params(self) -> int:
+        n = 0
+        for shape in self.expected_tensors().values():
+            k = 1
+            for s in shape:
+                k *= s
+            n += k
+        return n
+
+
+PRESETS: dict[str, dict] = {
+    # Clover-35B-A3B's shapes (spec section 1); token ids are placeholders for synth.
+    "clover-35b-a3b": dict(vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
+                           num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+                           num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                           shared_expert_intermediate_size=512, conv_kernel_size=4, block_size=32,
+                           rms_norm_eps=1e-6, rope_theta=10000000.0, mask_token_id=248319,
+                           bos_token_id=248316, eos_token_id=248317, pad_token_id=248317,
+                           norm_topk_prob=True, tie_word_embeddings=False),
+    "clover-tiny": dict(vocab_size=8192, hidden_size=256, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                        shared_expert_intermediate_size=256, conv_kernel_size=4, block_size=16,
+                        rms_norm_eps=1e-6, rope_theta=10000.0, mask_token_id=1,
+                        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                        norm_topk_prob=True, tie_word_embeddings=False),
+}
+
+
+def preset(name: str, **overrides) -> CloverConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    d = dict(PRESETS[name])
+    d.update(overrides)
+    return CloverConfig.from_dict(d, source=f"preset {name}")

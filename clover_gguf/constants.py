@@ -1,0 +1,186 @@
+"""One source of truth for Clover's names: config keys, HF tensor names, GGUF keys and
+GGUF tensor names, and the mapping between them (gguf-py's constants.py style).
+
+Every other module (reference loader, converter, GGUF reader, eval, the llama.cpp patch
+that reads these files) must take names from here.
+"""
+
+from __future__ import annotations
+
+import re
+
+ARCH = "clover"
+MODEL_TYPE = "clover"
+HF_ARCHITECTURE = "CloverForBlockDiffusion"
+
+# --- config.json -------------------------------------------------------------------
+# key -> python type; all are required (spec section 1).
+CONFIG_KEYS: dict[str, type] = {
+    "vocab_size": int,
+    "hidden_size": int,
+    "num_hidden_layers": int,
+    "num_attention_heads": int,
+    "num_key_value_heads": int,
+    "head_dim": int,
+    "num_experts": int,
+    "num_experts_per_tok": int,
+    "moe_intermediate_size": int,
+    "shared_expert_intermediate_size": int,
+    "conv_kernel_size": int,
+    "block_size": int,
+    "rms_norm_eps": float,
+    "rope_theta": float,
+    "mask_token_id": int,
+    "bos_token_id": int,
+    "eos_token_id": int,
+    "pad_token_id": int,
+    "norm_topk_prob": bool,
+    "tie_word_embeddings": bool,
+}
+
+# l2norm(x) = x / sqrt(sum(x^2) + L2NORM_EPS)  (spec section 2.3)
+L2NORM_EPS = 1e-6
+
+# --- GGUF metadata keys (arch-prefixed keys use "{arch}") ------------------------------
+class Keys:
+    # llama.cpp standard keys, same meaning
+    CONTEXT_LENGTH = "{arch}.context_length"
+    EMBEDDING_LENGTH = "{arch}.embedding_length"
+    BLOCK_COUNT = "{arch}.block_count"
+    FEED_FORWARD_LENGTH = "{arch}.feed_forward_length"
+    HEAD_COUNT = "{arch}.attention.head_count"
+    HEAD_COUNT_KV = "{arch}.attention.head_count_kv"
+    KEY_LENGTH = "{arch}.attention.key_length"
+    VALUE_LENGTH = "{arch}.attention.value_length"
+    RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
+    ROPE_FREQ_BASE = "{arch}.rope.freq_base"
+    ROPE_DIMENSION_COUNT = "{arch}.rope.dimension_count"
+    EXPERT_COUNT = "{arch}.expert_count"
+    EXPERT_USED_COUNT = "{arch}.expert_used_count"
+    EXPERT_FEED_FORWARD_LENGTH = "{arch}.expert_feed_forward_length"
+    EXPERT_SHARED_FEED_FORWARD_LENGTH = "{arch}.expert_shared_feed_forward_length"
+    EXPERT_WEIGHTS_NORM = "{arch}.expert_weights_norm"
+    EXPERT_GATING_FUNC = "{arch}.expert_gating_func"  # 1 = softmax (llama.cpp enum)
+    # Clover's own
+    DIFFUSION_BLOCK_SIZE = "{arch}.diffusion.block_size"   # default decoding block B
+    CONV_KERNEL = "{arch}.conv.kernel_size"                # K_c of the right-context conv
+    MEMORY_L2NORM_EPS = "{arch}.memory.l2norm_epsilon"     # eps of l2norm on q/k
+    # tokenizer
+    TOKENIZER_MODEL = "tokenizer.ggml.model"
+    TOKENIZER_PRE = "tokenizer.ggml.pre"
+    MASK_ID = "tokenizer.ggml.mask_token_id"
+    BOS_ID = "tokenizer.ggml.bos_token_id"
+    EOS_ID = "tokenizer.ggml.eos_token_id"
+    PAD_ID = "tokenizer.ggml.padding_token_id"
+    CHAT_TEMPLATE = "tokenizer.chat_template"
+    # provenance
+    SOURCE_CONFIG_SHA256 = "clover_gguf.source_config_sha256"
+    TOOL_VERSION = "clover_gguf.version"
+    RECIPE = "clover_gguf.recipe"
+
+    @staticmethod
+    def fmt(key: str, arch: str = ARCH) -> str:
+        return key.format(arch=arch)
+
+
+EXPERT_GATING_FUNC_SOFTMAX = 1  # llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+TOKENIZER_PRE_NAME = "qwen2"    # llama.cpp pre-tokenizer matching Qwen2's regex
+
+# --- tensor names ----------------------------------------------------------------------
+# HF name (with {bid} for the layer) -> GGUF name.  Shapes are given in torch order; the
+# GGUF file stores the same numpy shape (ggml's ne is the reverse).
+TENSOR_MAP_GLOBAL: dict[str, str] = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+TENSOR_MAP_LAYER: dict[str, str] = {
+    "model.layers.{bid}.input_layernorm.weight": "blk.{bid}.attn_norm.weight",
+    "model.layers.{bid}.self_attn.q_proj.weight": "blk.{bid}.attn_q.weight",
+    "model.layers.{bid}.self_attn.k_proj.weight": "blk.{bid}.attn_k.weight",
+    "model.layers.{bid}.self_attn.v_proj.weight": "blk.{bid}.attn_v.weight",
+    "model.layers.{bid}.self_attn.o_proj.weight": "blk.{bid}.attn_output.weight",
+    "model.layers.{bid}.self_attn.q_norm.weight": "blk.{bid}.attn_q_norm.weight",
+    "model.layers.{bid}.self_attn.k_norm.weight": "blk.{bid}.attn_k_norm.weight",
+    "model.layers.{bid}.self_attn.memory.a_proj.weight": "blk.{bid}.ssm_alpha.weight",
+    "model.layers.{bid}.self_attn.memory.b_proj.weight": "blk.{bid}.ssm_beta.weight",
+    # stored as ssm_a = -exp(A_log), as llama.cpp's qwen35 does (see A_LOG_TRANSFORM)
+    "model.layers.{bid}.self_attn.memory.A_log": "blk.{bid}.ssm_a",
+    "model.layers.{bid}.self_attn.memory.dt_bias": "blk.{bid}.ssm_dt.bias",
+    "model.layers.{bid}.self_attn.memory.key": "blk.{bid}.mem_key.weight",
+    "model.layers.{bid}.self_attn.memory.calibration": "blk.{bid}.mem_calib.weight",
+    # torch [d, 1, K_c] is stored squeezed as [d, K_c] (ggml ne [K_c, d], ssm_conv layout)
+    "model.layers.{bid}.conv.weight": "blk.{bid}.conv1d.weight",
+    "model.layers.{bid}.conv.scale": "blk.{bid}.conv_scale.weight",
+    "model.layers.{bid}.post_attention_layernorm.weight": "blk.{bid}.ffn_norm.weight",
+    "model.layers.{bid}.mlp.gate.weight": "blk.{bid}.ffn_gate_inp.weight",
+    "model.layers.{bid}.mlp.shared_expert.gate_proj.weight": "blk.{bid}.ffn_gate_shexp.weight",
+    "model.layers.{bid}.mlp.shared_expert.up_proj.weight": "blk.{bid}.ffn_up_shexp.weight",
+    "model.layers.{bid}.mlp.shared_expert.down_proj.weight": "blk.{bid}.ffn_down_shexp.weight",
+    "model.layers.{bid}.mlp.shared_expert_gate.weight": "blk.{bid}.ffn_gate_inp_shexp.weight",
+}
+
+# Routed experts: stacked [E, rows, cols] in GGUF whatever the source layout.
+EXPERT_PROJS = ("gate", "up", "down")
+GGUF_EXPERT_NAME = {
+    "gate": "blk.{bid}.ffn_gate_exps.weight",
+    "up": "blk.{bid}.ffn_up_exps.weight",
+    "down": "blk.{bid}.ffn_down_exps.weight",
+}
+HF_EXPERT_PER = "model.layers.{bid}.mlp.experts.{xid}.{proj}_proj.weight"  # per-expert layout
+HF_EXPERT_FUSED_GATE_UP = "model.layers.{bid}.mlp.experts.gate_up_proj"    # [E, 2F, d], gate first
+HF_EXPERT_FUSED_DOWN = "model.layers.{bid}.mlp.experts.down_proj"          # [E, d, F]
+
+A_LOG_HF = "model.layers.{bid}.self_attn.memory.A_log"
+CONV_HF = "model.layers.{bid}.conv.weight"
+
+# Tensor groups, used by inspect / sensitivity / recipes. Regexes over GGUF names.
+TENSOR_GROUPS: dict[str, str] = {
+    "experts_gate_up": r"^blk\.\d+\.ffn_(gate|up)_exps\.weight$",
+    "experts_down": r"^blk\.\d+\.ffn_down_exps\.weight$",
+    "shared_expert": r"^blk\.\d+\.ffn_(gate|up|down)_shexp\.weight$",
+    "router": r"^blk\.\d+\.ffn_gate_inp(_shexp)?\.weight$",
+    "attention": r"^blk\.\d+\.attn_(q|k|v|output)\.weight$",
+    "memory": r"^blk\.\d+\.(ssm_alpha|ssm_beta|ssm_a|ssm_dt|mem_key|mem_calib)",
+    "conv": r"^blk\.\d+\.conv(1d|_scale)\.weight$",
+    "norms": r"(norm\.weight$)",
+    "embeddings": r"^token_embd\.weight$",
+    "output": r"^output\.weight$",
+}
+
+
+def tensor_group(gguf_name: str) -> str:
+    for group, pat in TENSOR_GROUPS.items():
+        if re.search(pat, gguf_name):
+            return group
+    return "other"
+
+
+def hf_to_gguf_name(hf_name: str) -> str | None:
+    """GGUF name of a non-expert HF tensor, or None if it is not one."""
+    if hf_name in TENSOR_MAP_GLOBAL:
+        return TENSOR_MAP_GLOBAL[hf_name]
+    m = re.match(r"^model\.layers\.(\d+)\.(.*)$", hf_name)
+    if not m:
+        return None
+    bid, rest = m.group(1), m.group(2)
+    for hf, gg in TENSOR_MAP_LAYER.items():
+        if hf == "model.layers.{bid}." + rest:
+            return gg.format(bid=bid)
+    return None
+
+
+def gguf_to_hf_name(gguf_name: str) -> str | None:
+    """Inverse of hf_to_gguf_name for non-expert tensors."""
+    for hf, gg in TENSOR_MAP_GLOBAL.items():
+        if gg == gguf_name:
+            return hf
+    m = re.match(r"^blk\.(\d+)\.(.*)$", gguf_name)
+    if not m:
+        return None
+    bid, rest = m.group(1), m.group(2)
+    for hf, gg in TENSOR_MAP_LAYER.items():
+        if gg == "blk.{bid}." + rest:
+            return hf.format(bid=bid)
+    return None
