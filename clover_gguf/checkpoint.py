@@ -1,0 +1,180 @@
+"""Lazy reader for Clover safetensors checkpoints: single file or sharded (index.json),
+experts per-expert or fused. Tensors are read one at a time from the memory-mapped
+shard, so memory stays bounded by the largest tensor asked for."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import CloverConfig, ConfigError
+from .constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+KNOWN_DTYPES = {"BF16", "F16", "F32", "F64"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match its config: names the file and tensor at fault."""
+
+
+def _read_header(path: Path) -> dict:
+    """Parse a safetensors header without mapping the data; checks the file is complete."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file (no header)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > size - 8:
+                raise CheckpointError(f"{path}: truncated safetensors file (header says {n} bytes)")
+            header = json.loads(f.read(n))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+    header.pop("__metadata__", None)
+    end = max((v["data_offsets"][1] for v in header.values()), default=0)
+    if 8 + n + end > size:
+        raise CheckpointError(f"{path}: truncated safetensors file: data needs {8 + n + end} bytes, "
+                              f"file has {size}")
+    return header
+
+
+class Checkpoint:
+    def __init__(self, model_dir: str | Path, config: CloverConfig | None = None):
+        self.dir = Path(model_dir)
+        if not self.dir.is_dir():
+            raise CheckpointError(f"{self.dir}: not a model directory")
+        self.config = config or CloverConfig.load(self.dir)
+        index = self.dir / INDEX_NAME
+        self._where: dict[str, Path] = {}
+        if index.exists():
+            try:
+                wm = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{index}: bad index file ({e!r})") from None
+            for name, shard in wm.items():
+                self._where[name] = self.dir / shard
+        elif (self.dir / SINGLE_NAME).exists():
+            self._where = None  # filled from the header below
+        else:
+            raise CheckpointError(f"{self.dir}: no {SINGLE_NAME} or {INDEX_NAME}")
+        self._headers: dict[Path, dict] = {}
+        if self._where is None:
+            p = self.dir / SINGLE_NAME
+            self._where = {n: p for n in self._header(p)}
+        else:
+            for shard in sorted(set(self._where.values())):
+                if not shard.exists():
+                    missing = sorted(n for n, s in self._where.items() if s == shard)
+                    raise CheckpointError(f"{shard}: shard listed in {INDEX_NAME} is missing "
+                                          f"(holds {len(missing)} tensors, e.g. {missing[0]})")
+                hdr = self._header(shard)
+                for n, s in self._where.items():
+                    if s == shard and n not in hdr:
+                        raise CheckpointError(f"{shard}: tensor {n} is mapped to this shard by "
+                                              f"{INDEX_NAME} but not in it")
+        self._handles: dict[Path, object] = {}
+        self.layout = "fused" if HF_EXPERT_FUSED_DOWN.format(bid=0) in self._where else "per_expert"
+
+    def _header(self, path: Path) -> dict:
+        if path not in self._headers:
+            self._headers[path] = _read_header(path)
+        return self._headers[path]
+
+    # ---- metadata ----------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def shard_of(self, name: str) -> Path:
+        if name not in self._where:
+            raise CheckpointError(f"{self.dir}: tensor {name} not found in the checkpoint")
+        return self._where[name]
+
+    def _info(self, name: str) -> dict:
+        shard = self.shard_of(name)
+        return self._header(shard)[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._info(name)["shape"])
+
+    def dtype(self, name: str) -> str:
+        return self._info(name)["dtype"]
+
+    def nbytes(self, name: str) -> int:
+        a, b = self._info(name)["data_offsets"]
+        return b - a
+
+    def validate(self) -> None:
+        """Missing/extra tensors, wrong shapes, unknown dtypes: raise naming the culprit."""
+        expected = self.config.expected_tensors(fused=self.layout == "fused")
+        for name, shape in expected.items():
+            if name not in self._where:
+                raise CheckpointError(f"{self.dir}: missing tensor {name} (expected shape {list(shape)})")
+            got = self.shape(name)
+            if got != shape:
+                raise CheckpointError(f"{self.shard_of(name)}: tensor {name} has shape {list(got)}, "
+                                      f"config implies {list(shape)}")
+            dt = self.dtype(name)
+            if dt not in KNOWN_DTYPES:
+                raise CheckpointError(f"{self.shard_of(name)}: tensor {name} has unsupported dtype {dt} "
+                                      f"(supported: {', '.join(sorted(KNOWN_DTYPES))})")
+        extra = [n for n in self._where if n not in expected]
+        if extra:
+            raise CheckpointError(f"{self.shard_of(extra[0])}: unexpected tensor {extra[0]} "
+                                  f"({len(extra)} extra tensors) for a {self.layout} checkpoint")
+
+    # ---- data ----------------------------------------------------------------------------
+    def get(self, name: str) -> torch.Tensor:
+        shard = self.shard_of(name)
+        if shard not in self._handles:
+            try:
+                self._handles[shard] = safe_open(str(shard), framework="pt")
+            except Exception as e:  # safetensors raises its own error types
+                raise CheckpointError(f"{shard}: cannot open ({e})") from None
+        try:
+            return self._handles[shard].get_tensor(name)
+        except Exception as e:
+            raise CheckpointError(f"{shard}: cannot read tensor {name} ({e})") from None
+
+    def expert_stack(self, layer: int, proj: str) -> torch.Tensor:
+        """[E, rows, cols] for proj in gate/up/down, whatever the layout."""
+        c = self.config
+        if self.layout == "fused":
+            if proj == "down":
+                return self.get(HF_EXPERT_FUSED_DOWN.format(bid=layer))
+            gu = self.get(HF_EXPERT_FUSED_GATE_UP.format(bid=layer))
+            F = c.moe_intermediate_size
+            return (gu[:, :F] if proj == "gate" else gu[:, F:]).contiguous()
+        return torch.stack([self.get(HF_EXPERT_PER.format(bid=layer, xid=x, proj=proj))
+                            for x in range(c.num_experts)])
+
+    def iter_hf_tensors(self):
+        """(name, tensor) in the spec's order, one tensor at a time."""
+        for name in self.config.expected_tensors(fused=self.layout == "fused"):
+            yield name, self.get(name)
+
+    def close(self):
+        self._handles.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+def load_tensors(model_dir: str | Path, validate: bool = True) -> tuple[CloverConfig, dict[str, torch.Tensor]]:
+    """Whole checkpoint as a dict (for the small models the reference runs)."""
+    ck = Checkpoint(model_dir)
+    if validate:
+        ck.validate()
+    return ck.config, dict(ck.iter_hf_tensors())
+
+
+__all__ = ["Checkpoint", "CheckpointError", "ConfigError", "load_tensors"]

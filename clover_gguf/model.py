@@ -1,0 +1,383 @@
+"""PyTorch reference implementation of Clover (spec sections 2 and 3).
+
+Blocks are processed as tensors [N, nb, L]: N sequences, nb blocks each of L slots. Every
+block reads the memory state at its own start; `valid` marks real tokens (padding sits at
+the end of a block and is invisible: no attention, zero conv input, no state update).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import CloverConfig
+from .constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER, L2NORM_EPS
+from .delta_rule import chunked_scan, recurrent_update
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * w.float()).to(x.dtype)
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def rope_neox(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """x [..., L, heads, D], pos [..., L]: dim j < D/2 paired with j + D/2."""
+    D = x.shape[-1]
+    inv = theta ** (-torch.arange(0, D // 2, dtype=torch.float64) * 2 / D)
+    ang = (pos.double()[..., None] * inv).float()[..., None, :]  # [..., L, 1, D/2]
+    cos, sin = ang.cos(), ang.sin()
+    xf = x.float()
+    x1, x2 = xf[..., : D // 2], xf[..., D // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Memory(nn.Module):
+    def __init__(self, c: CloverConfig):
+        super().__init__()
+        d, H, Hkv, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.a_proj = nn.Linear(d, Hkv, bias=False)
+        self.b_proj = nn.Linear(d, Hkv, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(Hkv))
+        self.dt_bias = nn.Parameter(torch.zeros(Hkv))
+        self.key = nn.Parameter(torch.zeros(H, D))
+        self.calibration = nn.Parameter(torch.ones(H))
+
+
+class Attention(nn.Module):
+    def __init__(self, c: CloverConfig):
+        super().__init__()
+        d, H, Hkv, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(d, H * D, bias=False)
+        self.k_proj = nn.Linear(d, Hkv * D, bias=False)
+        self.v_proj = nn.Linear(d, Hkv * D, bias=False)
+        self.o_proj = nn.Linear(H * D, d, bias=False)
+        self.q_norm = nn.Parameter(torch.ones(D))
+        self.k_norm = nn.Parameter(torch.ones(D))
+        self.memory = Memory(c)
+
+
+class Conv(nn.Module):
+    def __init__(self, c: CloverConfig):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(c.hidden_size, 1, c.conv_kernel_size))
+        self.scale = nn.Parameter(torch.ones(c.hidden_size))
+
+
+class MLP(nn.Module):
+    """Routed experts held stacked: gate/up [E, F, d], down [E, d, F]."""
+
+    def __init__(self, c: CloverConfig):
+        super().__init__()
+        d, E, Fe, Fs = c.hidden_size, c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
+        self.gate = nn.Linear(d, E, bias=False)
+        self.experts_gate = nn.Parameter(torch.zeros(E, Fe, d))
+        self.experts_up = nn.Parameter(torch.zeros(E, Fe, d))
+        self.experts_down = nn.Parameter(torch.zeros(E, d, Fe))
+        self.shared_gate_proj = nn.Linear(d, Fs, bias=False)
+        self.shared_up_proj = nn.Linear(d, Fs, bias=False)
+        self.shared_down_proj = nn.Linear(Fs, d, bias=False)
+        self.shared_expert_gate = nn.Linear(d, 1, bias=False)
+        self.top_k, self.norm_topk = c.num_experts_per_tok, c.norm_topk_prob
+
+    def route(self, v: torch.Tensor):
+        """Router in float32: (top-k ids [T, k], weights [T, k] float32)."""
+        probs = torch.softmax(v.float() @ self.gate.weight.float().T, dim=-1)
+        w, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            w = w / w.sum(-1, keepdim=True)
+        return ids, w
+
+    def experts(self, v: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(v.shape[0], v.shape[1], dtype=torch.float32, device=v.device)
+        for e in range(self.experts_gate.shape[0]):
+            tok, slot = torch.nonzero(ids == e, as_tuple=True)
+            if tok.numel() == 0:
+                continue
+            x = v[tok]
+            h = F.silu(x @ self.experts_gate[e].T) * (x @ self.experts_up[e].T)
+            y = (h @ self.experts_down[e].T).float() * w[tok, slot, None]
+            out.index_add_(0, tok, y)
+        return out
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        shape = v.shape
+        v = v.reshape(-1, shape[-1])
+        ids, w = self.route(v)
+        moe = self.experts(v, ids, w)
+        sh = self.shared_down_proj(F.silu(self.shared_gate_proj(v)) * self.shared_up_proj(v)).float()
+        sh = sh * torch.sigmoid(self.shared_expert_gate(v).float())
+        return (moe + sh).to(v.dtype).reshape(shape)
+
+
+class Layer(nn.Module):
+    def __init__(self, c: CloverConfig):
+        super().__init__()
+        self.c = c
+        self.input_layernorm = nn.Parameter(torch.ones(c.hidden_size))
+        self.self_attn = Attention(c)
+        self.conv = Conv(c)
+        self.post_attention_layernorm = nn.Parameter(torch.ones(c.hidden_size))
+        self.mlp = MLP(c)
+
+    def project(self, x: torch.Tensor, valid: torch.Tensor | None):
+        """u, Q, K, V for blocks x [N, nb, L, d]. Q [.., L, H, D], K/V [.., L, Hkv, D]."""
+        c, a = self.c, self.self_attn
+        u = rms_norm(x, self.input_layernorm, c.rms_norm_eps)
+        if valid is not None:
+            u = u * valid[..., None].to(u.dtype)
+        sh = u.shape[:-1]
+        Q = rms_norm(a.q_proj(u).view(*sh, c.num_attention_heads, c.head_dim), a.q_norm, c.rms_norm_eps)
+        K = rms_norm(a.k_proj(u).view(*sh, c.num_key_value_heads, c.head_dim), a.k_norm, c.rms_norm_eps)
+        V = a.v_proj(u).view(*sh, c.num_key_value_heads, c.head_dim)
+        return u, Q, K, V
+
+    def memory_inputs(self, u, K, V, valid):
+        """Delta-rule inputs, float32, heads first: k̂, V [.., Hkv, L, D]; g, beta [.., Hkv, L]."""
+        m = self.self_attn.memory
+        uf = u.float()
+        g = -torch.exp(m.A_log.float()) * F.softplus(uf @ m.a_proj.weight.float().T + m.dt_bias.float())
+        beta = torch.sigmoid(uf @ m.b_proj.weight.float().T)
+        if valid is not None:
+            g, beta = g * valid[..., None], beta * valid[..., None]
+        k = l2norm(K).movedim(-2, -3)
+        return k, V.float().movedim(-2, -3), g.movedim(-1, -2), beta.movedim(-1, -2)
+
+    def mix(self, x, u, Q, K, V, pos, valid, S):
+        """Section 2 steps 3-7 given the state S [N, nb, Hkv, D, D] at each block start."""
+        c, a = self.c, self.self_attn
+        H, Hkv, D, L = c.num_attention_heads, c.num_key_value_heads, c.head_dim, x.shape[-2]
+        grp = H // Hkv
+        # memory readout, r = S_g^T q̂
+        qh = l2norm(Q)
+        r = torch.einsum("nblhk,nbhkv->nblhv", qh, S.float().repeat_interleave(grp, dim=2))
+        # block attention with the memory slot
+        Qr = rope_neox(Q, pos, c.rope_theta)
+        Kr = rope_neox(K, pos, c.rope_theta).repeat_interleave(grp, dim=-2)
+        Vf = V.float().repeat_interleave(grp, dim=-2)
+        s = torch.einsum("nblhd,nbjhd->nbhlj", Qr, Kr) / math.sqrt(D)
+        if valid is not None:
+            s = s.masked_fill(~valid[:, :, None, None, :], -torch.inf)
+            nvalid = valid.sum(-1).clamp(min=1).float()
+        else:
+            nvalid = torch.full(x.shape[:2], float(L))
+        smem = torch.einsum("nblhd,hd->nbhl", Q.float(), a.memory.key.float()) / math.sqrt(D)
+        smem = smem + a.memory.calibration.float()[:, None] * torch.log(nvalid)[:, :, None, None]
+        p = torch.softmax(torch.cat([s, smem[..., None]], dim=-1), dim=-1)
+        o = torch.einsum("nbhlj,nbjhd->nblhd", p[..., :L], Vf) + p[..., L].permute(0, 1, 3, 2)[..., None] * r
+        A = a.o_proj(o.reshape(*o.shape[:-2], H * D).to(x.dtype))
+        # right-context depthwise conv inside the block
+        K_c = c.conv_kernel_size
+        up = F.pad(u, (0, 0, 0, K_c - 1))
+        w = self.conv.weight[:, 0, :]
+        cc = sum(up[..., t: t + L, :] * w[:, t] for t in range(K_c))
+        C = F.silu(cc) * self.conv.scale
+        x1 = x + A + C.to(x.dtype)
+        v = rms_norm(x1, self.post_attention_layernorm, c.rms_norm_eps)
+        return x1 + self.mlp(v)
+
+
+class CloverModel(nn.Module):
+    def __init__(self, config: CloverConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+        self.norm = nn.Parameter(torch.ones(c.hidden_size))
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    # ---- loading -------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> "CloverModel":
+        from .checkpoint import load_tensors
+        config, tensors = load_tensors(model_dir)
+        return cls.from_tensors(config, tensors, dtype)
+
+    @classmethod
+    def from_tensors(cls, config: CloverConfig, tensors: dict, dtype: torch.dtype = torch.float32) -> "CloverModel":
+        with torch.device("meta"):
+            m = cls(config)
+        m.load_hf_tensors(tensors, dtype)
+        return m.eval()
+
+    def load_hf_tensors(self, t: dict, dtype: torch.dtype) -> None:
+        c = self.config
+        sd = {"embed_tokens.weight": t["model.embed_tokens.weight"], "norm": t["model.norm.weight"],
+              "lm_head.weight": t["lm_head.weight"]}
+        simple = {
+            "input_layernorm": "input_layernorm.weight",
+            "post_attention_layernorm": "post_attention_layernorm.weight",
+            "self_attn.q_proj.weight": "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight": "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight": "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight": "self_attn.o_proj.weight",
+            "self_attn.q_norm": "self_attn.q_norm.weight",
+            "self_attn.k_norm": "self_attn.k_norm.weight",
+            "self_attn.memory.a_proj.weight": "self_attn.memory.a_proj.weight",
+            "self_attn.memory.b_proj.weight": "self_attn.memory.b_proj.weight",
+            "self_attn.memory.A_log": "self_attn.memory.A_log",
+            "self_attn.memory.dt_bias": "self_attn.memory.dt_bias",
+            "self_attn.memory.key": "self_attn.memory.key",
+            "self_attn.memory.calibration": "self_attn.memory.calibration",
+            "conv.weight": "conv.weight",
+            "conv.scale": "conv.scale",
+            "mlp.gate.weight": "mlp.gate.weight",
+            "mlp.shared_gate_proj.weight": "mlp.shared_expert.gate_proj.weight",
+            "mlp.shared_up_proj.weight": "mlp.shared_expert.up_proj.weight",
+            "mlp.shared_down_proj.weight": "mlp.shared_expert.down_proj.weight",
+            "mlp.shared_expert_gate.weight": "mlp.shared_expert_gate.weight",
+        }
+        Fe = c.moe_intermediate_size
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            for mine, hf in simple.items():
+                sd[f"layers.{i}.{mine}"] = t[p + hf]
+            if HF_EXPERT_FUSED_DOWN.format(bid=i) in t:
+                gu = t[HF_EXPERT_FUSED_GATE_UP.format(bid=i)]
+                sd[f"layers.{i}.mlp.experts_gate"] = gu[:, :Fe]
+                sd[f"layers.{i}.mlp.experts_up"] = gu[:, Fe:]
+                sd[f"layers.{i}.mlp.experts_down"] = t[HF_EXPERT_FUSED_DOWN.format(bid=i)]
+            else:
+                for proj in ("gate", "up", "down"):
+                    sd[f"layers.{i}.mlp.experts_{proj}"] = torch.stack(
+                        [t[HF_EXPERT_PER.format(bid=i, xid=x, proj=proj)] for x in range(c.num_experts)])
+        sd = {k: v.to(dtype) for k, v in sd.items()}
+        self.load_state_dict(sd, strict=True, assign=True)
+
+    def hf_state_dict(self, fused: bool = False) -> dict[str, torch.Tensor]:
+        """Weights under the checkpoint's HF names (inverse of load_hf_tensors)."""
+        c = self.config
+        out = {"model.embed_tokens.weight": self.embed_tokens.weight, "model.norm.weight": self.norm}
+        for i, l in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            a, m, mlp = l.self_attn, l.self_attn.memory, l.mlp
+            out.update({
+                p + "input_layernorm.weight": l.input_layernorm,
+                p + "self_attn.q_proj.weight": a.q_proj.weight, p + "self_attn.k_proj.weight": a.k_proj.weight,
+                p + "self_attn.v_proj.weight": a.v_proj.weight, p + "self_attn.o_proj.weight": a.o_proj.weight,
+                p + "self_attn.q_norm.weight": a.q_norm, p + "self_attn.k_norm.weight": a.k_norm,
+                p + "self_attn.memory.a_proj.weight": m.a_proj.weight,
+                p + "self_attn.memory.b_proj.weight": m.b_proj.weight,
+                p + "self_attn.memory.A_log": m.A_log, p + "self_attn.memory.dt_bias": m.dt_bias,
+                p + "self_attn.memory.key": m.key, p + "self_attn.memory.calibration": m.calibration,
+                p + "conv.weight": l.conv.weight, p + "conv.scale": l.conv.scale,
+                p + "post_attention_layernorm.weight": l.post_attention_layernorm,
+                p + "mlp.gate.weight": mlp.gate.weight,
+            })
+            if fused:
+                out[HF_EXPERT_FUSED_GATE_UP.format(bid=i)] = torch.cat([mlp.experts_gate, mlp.experts_up], 1)
+                out[HF_EXPERT_FUSED_DOWN.format(bid=i)] = mlp.experts_down
+            else:
+                for proj, w in (("gate", mlp.experts_gate), ("up", mlp.experts_up), ("down", mlp.experts_down)):
+                    for x in range(c.num_experts):
+                        out[HF_EXPERT_PER.format(bid=i, xid=x, proj=proj)] = w[x]
+            out.update({
+                p + "mlp.shared_expert.gate_proj.weight": mlp.shared_gate_proj.weight,
+                p + "mlp.shared_expert.up_proj.weight": mlp.shared_up_proj.weight,
+                p + "mlp.shared_expert.down_proj.weight": mlp.shared_down_proj.weight,
+                p + "mlp.shared_expert_gate.weight": mlp.shared_expert_gate.weight,
+            })
+        out["lm_head.weight"] = self.lm_head.weight
+        return {k: v.detach().contiguous() for k, v in out.items()}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    # ---- state ---------------------------------------------------------------------------
+    def init_state(self, batch: int = 1) -> list[torch.Tensor]:
+        c = self.config
+        return [torch.zeros(batch, c.num_key_value_heads, c.head_dim, c.head_dim)
+                for _ in range(c.num_hidden_layers)]
+
+    # ---- core ----------------------------------------------------------------------------
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(rms_norm(h, self.norm, self.config.rms_norm_eps)).float()
+
+    def _run(self, tokens, pos, valid, *, starts=None, init=None, n_clean=None):
+        """tokens/pos/valid [N, nb, L]. Either `starts` (per layer [N, nb, Hkv, D, D], read
+        only) or `init` (per layer [n_clean, Hkv, D, D]): then rows [0, n_clean) are clean
+        blocks committed layer-parallel and every row r reads the states of clean row
+        r % n_clean. Returns (hidden [N, nb, L, d], final states or None)."""
+        x = self.embed_tokens(tokens)
+        finals = []
+        for i, layer in enumerate(self.layers):
+            u, Q, K, V = layer.project(x, valid)
+            if init is not None:
+                k, v, g, beta = layer.memory_inputs(u[:n_clean], K[:n_clean], V[:n_clean],
+                                                    None if valid is None else valid[:n_clean])
+                S, final = chunked_scan(init[i], k, v, g, beta)
+                finals.append(final)
+                S = S.repeat(tokens.shape[0] // n_clean, 1, 1, 1, 1)
+            else:
+                S = starts[i]
+            x = layer.mix(x, u, Q, K, V, pos, valid, S)
+        return x, (finals if init is not None else None)
+
+    # ---- inference API ---------------------------------------------------------------------
+    @torch.no_grad()
+    def block_logits(self, tokens: torch.Tensor, pos0: int, state: list[torch.Tensor]) -> torch.Tensor:
+        """Denoising step: logits [N, L, V] of one block; the state is only read."""
+        tokens = tokens.reshape(tokens.shape[0], 1, -1)
+        pos = (pos0 + torch.arange(tokens.shape[-1])).expand_as(tokens)
+        h, _ = self._run(tokens, pos, None, starts=[s[:, None] for s in state])
+        return self._logits(h)[:, 0]
+
+    @torch.no_grad()
+    def commit(self, tokens: torch.Tensor, pos0: int, state: list[torch.Tensor]):
+        """Commit one clean block: outputs from the old state, then the delta rule token by
+        token (spec order). Returns (logits [N, L, V], new state)."""
+        tokens = tokens.reshape(tokens.shape[0], 1, -1)
+        pos = (pos0 + torch.arange(tokens.shape[-1])).expand_as(tokens)
+        x = self.embed_tokens(tokens)
+        new = []
+        for layer, S in zip(self.layers, state):
+            u, Q, K, V = layer.project(x, None)
+            k, v, g, beta = layer.memory_inputs(u, K, V, None)
+            new.append(recurrent_update(S, k[:, 0], v[:, 0], g[:, 0], beta[:, 0]))
+            x = layer.mix(x, u, Q, K, V, pos, None, S[:, None])
+        return self._logits(x)[:, 0], new
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, block_size: int, state=None, pos0: int = 0,
+                mode: str = "parallel") -> list[torch.Tensor]:
+        """Commit a prompt [N, T] in blocks of block_size (the last may be shorter)."""
+        N, T = tokens.shape
+        state = state if state is not None else self.init_state(N)
+        if T == 0:
+            return state
+        if mode == "blockwise":
+            for s in range(0, T, block_size):
+                _, state = self.commit(tokens[:, s: s + block_size], pos0 + s, state)
+            return state
+        if mode != "parallel":
+            raise ValueError(f"prefill mode must be 'parallel' or 'blockwise', not {mode!r}")
+        nb = -(-T // block_size)
+        pad = nb * block_size - T
+        tok = F.pad(tokens, (0, pad)).view(N, nb, block_size)
+        pos = (pos0 + torch.arange(nb * block_size)).view(1, nb, block_size).expand(N, -1, -1)
+        valid = (torch.arange(nb * block_size) < T).view(1, nb, block_size).expand(N, -1, -1)
+        _, finals = self._run(tok, pos, valid, init=state, n_clean=N)
+        return finals
+
+    # ---- training ----------------------------------------------------------------------------
+    def forward_train(self, clean, noisy, pos, valid, select=None) -> torch.Tensor:
+        """Two streams (spec section 6): clean blocks [N, nb, B] are committed layer-parallel;
+        noisy blocks read the clean state at their start. Returns the noisy stream's logits,
+        [N, nb, B, V], or [n, V] at the positions where `select` is true."""
+        N = clean.shape[0]
+        tok = torch.cat([clean, noisy])
+        h, _ = self._run(tok, pos.repeat(2, 1, 1), valid.repeat(2, 1, 1), init=self.init_state(N), n_clean=N)
+        h = h[N:]
+        if select is not None:
+            h = h[select]
+        return self._logits(h)
