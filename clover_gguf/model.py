@@ -41,6 +41,12 @@ def rope_neox(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def memory_readout(qh: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """r_{i,h} = S_g^T q̂_{i,h}, g = floor(h H_kv / H). qh [..., L, H, D], S [..., H_kv, Dk, Dv]."""
+    grp = qh.shape[-2] // S.shape[-3]
+    return torch.einsum("...lhk,...hkv->...lhv", qh.float(), S.float().repeat_interleave(grp, dim=-3))
+
+
 class Memory(nn.Module):
     def __init__(self, c: CloverConfig):
         super().__init__()
@@ -152,14 +158,19 @@ class Layer(nn.Module):
         k = l2norm(K).movedim(-2, -3)
         return k, V.float().movedim(-2, -3), g.movedim(-1, -2), beta.movedim(-1, -2)
 
+    def conv_branch(self, u: torch.Tensor) -> torch.Tensor:
+        """C = SiLU(sum_t w[:, t] * u_{i+t}) * scale, zeros past the block end. u [..., L, d]."""
+        K_c, L = self.c.conv_kernel_size, u.shape[-2]
+        up = F.pad(u, (0, 0, 0, K_c - 1))
+        w = self.conv.weight[:, 0, :]
+        return F.silu(sum(up[..., t: t + L, :] * w[:, t] for t in range(K_c))) * self.conv.scale
+
     def mix(self, x, u, Q, K, V, pos, valid, S):
         """Section 2 steps 3-7 given the state S [N, nb, Hkv, D, D] at each block start."""
         c, a = self.c, self.self_attn
         H, Hkv, D, L = c.num_attention_heads, c.num_key_value_heads, c.head_dim, x.shape[-2]
         grp = H // Hkv
-        # memory readout, r = S_g^T q̂
-        qh = l2norm(Q)
-        r = torch.einsum("nblhk,nbhkv->nblhv", qh, S.float().repeat_interleave(grp, dim=2))
+        r = memory_readout(l2norm(Q), S)
         # block attention with the memory slot
         Qr = rope_neox(Q, pos, c.rope_theta)
         Kr = rope_neox(K, pos, c.rope_theta).repeat_interleave(grp, dim=-2)
@@ -175,13 +186,7 @@ class Layer(nn.Module):
         p = torch.softmax(torch.cat([s, smem[..., None]], dim=-1), dim=-1)
         o = torch.einsum("nbhlj,nbjhd->nblhd", p[..., :L], Vf) + p[..., L].permute(0, 1, 3, 2)[..., None] * r
         A = a.o_proj(o.reshape(*o.shape[:-2], H * D).to(x.dtype))
-        # right-context depthwise conv inside the block
-        K_c = c.conv_kernel_size
-        up = F.pad(u, (0, 0, 0, K_c - 1))
-        w = self.conv.weight[:, 0, :]
-        cc = sum(up[..., t: t + L, :] * w[:, t] for t in range(K_c))
-        C = F.silu(cc) * self.conv.scale
-        x1 = x + A + C.to(x.dtype)
+        x1 = x + A + self.conv_branch(u).to(x.dtype)
         v = rms_norm(x1, self.post_attention_layernorm, c.rms_norm_eps)
         return x1 + self.mlp(v)
 

@@ -1,0 +1,103 @@
+"""`clover-gguf run`: generate from a safetensors model folder (PyTorch reference) or a
+`.gguf` file (patched llama.cpp runtime), with the same options and output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .generate import GenerationConfig, GenerationResult, TorchBackend, generate
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "clover-tiny"
+
+
+@dataclass
+class RunOutput:
+    completion: str | None
+    prompt_ids: list[int]
+    result: GenerationResult
+    backend: str
+
+    def to_dict(self) -> dict:
+        r = self.result
+        gen_s = sum(sum(b.ms_per_step) for b in r.blocks) / 1e3
+        return {
+            "backend": self.backend,
+            "completion": self.completion,
+            "prompt_ids": self.prompt_ids,
+            "token_ids": r.tokens,
+            "blocks": [b.__dict__ for b in r.blocks],
+            "prefill_ms": r.prefill_ms,
+            "total_ms": r.total_ms,
+            "prompt_tokens_per_s": (len(self.prompt_ids) / (r.prefill_ms / 1e3)) if r.prefill_ms > 0 else None,
+            "gen_tokens_per_s": (sum(b.n_tokens for b in r.blocks) / gen_s) if gen_s > 0 else None,
+        }
+
+
+def _messages(prompt: str, system: str | None) -> list[dict]:
+    msgs = [{"role": "system", "content": system}] if system else []
+    return msgs + [{"role": "user", "content": prompt}]
+
+
+def run(model: str | Path = DEFAULT_MODEL, prompt: str | None = None, prompt_ids: list[int] | None = None,
+        block_size: int | None = None, steps: int | None = None, threshold: float | None = None,
+        temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 64,
+        chat: bool = False, think: bool = True, system: str | None = None,
+        threads: int | None = None, n_gpu_layers: int = 0, experts_on_cpu: bool = False,
+        dtype: str = "float32", on_block=None) -> RunOutput:
+    """Generate a completion. `model` is a safetensors model folder or a .gguf file."""
+    model = Path(model)
+    if prompt is None and prompt_ids is None:
+        raise ValueError("give a prompt or prompt ids")
+    if model.suffix == ".gguf":
+        from .runtime.runtime import CloverRuntime
+        rt = CloverRuntime(model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu)
+        text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt
+        ids = list(prompt_ids) if prompt_ids is not None else rt.tokenize(text)
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size or rt.block_size,
+                               steps=steps, threshold=threshold, temperature=temp, top_k=top_k, top_p=top_p,
+                               seed=seed, mask_token_id=rt.mask_token_id, eos_token_id=rt.eos_token_id)
+        res = rt.generate(ids, cfg, on_block=on_block)
+        completion = rt.detokenize(res.tokens) if prompt_ids is None else None
+        return RunOutput(completion, ids, res, "llama.cpp")
+
+    from .model import CloverModel
+    if threads:
+        torch.set_num_threads(threads)
+    m = CloverModel.from_pretrained(model, dtype=getattr(torch, dtype))
+    tok = None
+    if (model / "tokenizer.json").exists():
+        from .tokenizer import CloverTokenizer
+        tok = CloverTokenizer.from_dir(model)
+    if prompt_ids is not None:
+        ids = list(prompt_ids)
+    elif tok is None:
+        raise ValueError(f"{model}: no tokenizer.json; pass token ids instead of a text prompt")
+    else:
+        text = tok.apply_chat_template(_messages(prompt, system), enable_thinking=think) if chat else prompt
+        ids = tok.encode(text)
+    c = m.config
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size or c.block_size,
+                           steps=steps, threshold=threshold, temperature=temp, top_k=top_k, top_p=top_p,
+                           seed=seed, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id)
+    res = generate(TorchBackend(m), ids, cfg, on_block=on_block)
+    completion = tok.decode(res.tokens) if tok is not None and prompt_ids is None else None
+    return RunOutput(completion, ids, res, f"pytorch-{dtype}")
+
+
+def print_output(out: RunOutput, as_json: bool) -> None:
+    d = out.to_dict()
+    if as_json:
+        json.dump(d, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    print(out.completion if out.completion is not None else " ".join(map(str, d["token_ids"])))
+    steps = [b["steps"] for b in d["blocks"]]
+    print(f"\n[{d['backend']}] prompt {len(out.prompt_ids)} tok, generated {len(d['token_ids'])} tok "
+          f"in {len(steps)} blocks, {sum(steps)} steps; "
+          f"prefill {d['prompt_tokens_per_s'] or 0:.1f} tok/s, generation {d['gen_tokens_per_s'] or 0:.1f} tok/s",
+          file=sys.stderr)
