@@ -1,0 +1,214 @@
+"""ctypes bindings: the clover_* C API (clover.h, exported by the patched libllama) on top of
+llama-cpp-python's own bindings (`llama_cpp.llama_cpp`: `_lib`, `ctypes_function`), plus the
+few llama_cpp pieces the runtime needs that 0.3.36 leaves unbound or typed as void*
+(tensor buffer-type overrides, the CPU buffer type).
+
+Importing this module loads libllama (through llama_cpp). `load()` raises RuntimeNotBuilt with
+the command to run when llama_cpp or the clover_* symbols are missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+llama_token = ctypes.c_int32
+
+
+class RuntimeNotBuilt(RuntimeError):
+    """llama-cpp-python with the Clover patches is not installed in this environment."""
+
+
+HINT = ("build it with `clover-gguf runtime build` (or `python scripts/build_runtime.py`), "
+        "which applies patches/*.patch to llama-cpp-python 0.3.36 and installs it here")
+
+
+# --------------------------------------------------------------------------- C structs
+
+class clover_gen_params(ctypes.Structure):
+    _fields_ = [
+        ("block_size", ctypes.c_int32),
+        ("steps", ctypes.c_int32),          # 0 = use threshold
+        ("threshold", ctypes.c_float),
+        ("temperature", ctypes.c_float),
+        ("top_k", ctypes.c_int32),
+        ("top_p", ctypes.c_float),
+        ("seed", ctypes.c_uint32),
+        ("max_new_tokens", ctypes.c_int32),
+    ]
+
+
+class clover_block_stats(ctypes.Structure):
+    _fields_ = [
+        ("block_index", ctypes.c_int32),
+        ("n_tokens", ctypes.c_int32),
+        ("n_steps", ctypes.c_int32),
+        ("tokens_per_step", ctypes.POINTER(ctypes.c_int32)),
+        ("ms_per_step", ctypes.POINTER(ctypes.c_float)),
+        ("tokens", ctypes.POINTER(llama_token)),
+    ]
+
+
+clover_block_cb = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(clover_block_stats), ctypes.c_void_p)
+
+
+clover_step_cb = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_int32, ctypes.c_int32,
+                                  ctypes.POINTER(llama_token), ctypes.c_int32, ctypes.c_void_p)
+
+
+class clover_perf(ctypes.Structure):
+    _fields_ = [
+        ("t_prompt_ms", ctypes.c_double),
+        ("n_prompt", ctypes.c_int32),
+        ("t_gen_ms", ctypes.c_double),
+        ("n_gen", ctypes.c_int32),
+        ("n_steps", ctypes.c_int32),
+        ("n_blocks", ctypes.c_int32),
+        ("t_commit_ms", ctypes.c_double),
+    ]
+
+
+class llama_model_tensor_buft_override(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+# --------------------------------------------------------------------------- loading
+
+class _Lib:
+    """The bound functions: `lc` is llama_cpp.llama_cpp, the clover_* functions are attributes."""
+
+    def __init__(self):
+        try:
+            import llama_cpp.llama_cpp as lc
+        except (ImportError, OSError, RuntimeError, FileNotFoundError) as e:
+            raise RuntimeNotBuilt(f"llama_cpp cannot be imported ({e}); {HINT}") from None
+        self.lc = lc
+        self.lib = lc._lib
+        self.lib_path = Path(getattr(lc._lib, "_name", "") or "")
+        missing = []
+        ctx_p, tok_p = ctypes.c_void_p, ctypes.POINTER(llama_token)
+        sigs = {
+            "clover_gen_default_params": ([], clover_gen_params),
+            "clover_reset": ([ctx_p], ctypes.c_int32),
+            "clover_commit": ([ctx_p, tok_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
+            "clover_block_logits": ([ctx_p, tok_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_float)],
+                                    ctypes.c_int32),
+            "clover_generate": ([ctx_p, tok_p, ctypes.c_int32, clover_gen_params, tok_p,
+                                 ctypes.c_int32, clover_block_cb, ctypes.c_void_p], ctypes.c_int32),
+            "clover_get_state": ([ctx_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_float),
+                                  ctypes.c_size_t], ctypes.c_int32),
+        }
+        optional = {  # in helper-1's clover.h beyond the core API; bound when exported
+            "clover_model_block_size": ([ctypes.c_void_p], ctypes.c_int32),
+            "clover_n_committed": ([ctx_p], ctypes.c_int32),
+            "clover_generate_ex": ([ctx_p, tok_p, ctypes.c_int32, clover_gen_params, tok_p,
+                                    ctypes.c_int32, clover_block_cb, clover_step_cb, ctypes.c_void_p],
+                                   ctypes.c_int32),
+            "clover_get_perf": ([ctx_p, ctypes.POINTER(clover_perf)], ctypes.c_int32),
+        }
+        for table, required in ((sigs, True), (optional, False)):
+            for name, (argtypes, restype) in table.items():
+                try:
+                    fn = getattr(self.lib, name)
+                except AttributeError:
+                    if required:
+                        missing.append(name)
+                    setattr(self, name, None)
+                    continue
+                fn.argtypes, fn.restype = argtypes, restype
+                setattr(self, name, fn)
+        if missing:
+            raise RuntimeNotBuilt(f"{self.lib_path} does not export {', '.join(missing)}: the "
+                                  f"installed llama-cpp-python is not the patched one; {HINT}")
+        self._cpu_buft = None
+
+    # ggml pieces ---------------------------------------------------------------------
+    def cpu_buffer_type(self) -> int:
+        """ggml_backend_cpu_buffer_type() from libggml-cpu next to libllama."""
+        if self._cpu_buft is None:
+            d = self.lib_path.parent
+            cpu = ctypes.CDLL(str(d / "libggml-cpu.so") if (d / "libggml-cpu.so").exists()
+                              else "libggml-cpu.so")
+            fn = cpu.ggml_backend_cpu_buffer_type
+            fn.argtypes, fn.restype = [], ctypes.c_void_p
+            self._cpu_buft = fn()
+        return self._cpu_buft
+
+
+_LIB: _Lib | None = None
+
+
+def load() -> _Lib:
+    global _LIB
+    if _LIB is None:
+        _LIB = _Lib()
+        _LIB.lc.llama_backend_init()
+    return _LIB
+
+
+def set_quiet_logs(lib: _Lib, quiet: bool = True) -> None:
+    """Silence llama.cpp's log (llama_log_set with a no-op callback) unless
+    CLOVER_GGUF_VERBOSE is set."""
+    if not quiet or os.environ.get("CLOVER_GGUF_VERBOSE"):
+        return
+    lc = lib.lc
+    global _LOG_CB
+    if "_LOG_CB" not in globals():
+        _LOG_CB = lc.llama_log_callback(lambda level, text, user: None)
+        lc.llama_log_set(_LOG_CB, ctypes.c_void_p())
+
+
+# --------------------------------------------------------------------------- helpers
+
+EXPERT_PATTERN = r"\.ffn_(up|down|gate|gate_up)_exps"
+
+
+def model_params(lib: _Lib, n_gpu_layers: int = 0, experts_on_cpu: bool = False, keep: list | None = None):
+    """llama_model_params with n_gpu_layers and, when experts_on_cpu, a tensor buffer-type
+    override keeping the routed experts in CPU memory (llama.cpp's --cpu-moe). `keep` receives
+    the ctypes objects that must outlive the load."""
+    lc = lib.lc
+    p = lc.llama_model_default_params()
+    p.n_gpu_layers = int(n_gpu_layers)
+    if experts_on_cpu:
+        arr = (llama_model_tensor_buft_override * 2)()
+        pat = EXPERT_PATTERN.encode()
+        arr[0].pattern = pat
+        arr[0].buft = lib.cpu_buffer_type()
+        arr[1].pattern = None
+        arr[1].buft = None
+        p.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
+        if keep is not None:
+            keep += [arr, pat]
+    return p
+
+
+def context_params(lib: _Lib, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
+                   n_threads_batch: int | None = None, n_seq_max: int = 1):
+    lc = lib.lc
+    p = lc.llama_context_default_params()
+    p.n_ctx, p.n_batch, p.n_ubatch = int(n_ctx), int(n_batch), int(n_ubatch)
+    p.n_seq_max = int(n_seq_max)
+    p.n_threads = int(n_threads)
+    p.n_threads_batch = int(n_threads_batch or n_threads)
+    p.no_perf = True
+    return p
+
+
+def meta_str(lib: _Lib, model, key: str) -> str | None:
+    lc = lib.lc
+    size = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = lc.llama_model_meta_val_str(model, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n < size:
+            return buf.value.decode("utf-8", errors="replace")
+        size = n + 1
+
+
+def token_ptr(ids) -> ctypes.Array:
+    ids = list(ids)
+    return (llama_token * max(1, len(ids)))(*ids)

@@ -1,0 +1,321 @@
+"""CloverRuntime: a Clover GGUF in the patched llama.cpp (through llama-cpp-python + clover.h).
+
+    rt = CloverRuntime("model.gguf", n_threads=8, n_gpu_layers=99, experts_on_cpu=True)
+    ids = rt.tokenize(rt.chat_prompt([{"role": "user", "content": "hi"}]))
+    res = rt.generate(ids, GenerationConfig(max_new_tokens=64, block_size=32))
+    print(rt.detokenize(res.tokens))
+
+`generate` is one C call per generation (the C side runs prefill, denoising and commits; block
+statistics come back through a callback). `RuntimeBackend(rt)` is a `LogitsBackend` so that
+`clover_gguf.generate.generate` can drive the runtime step by step (parity with the PyTorch
+reference).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..generate import BlockStats, GenerationConfig, GenerationResult
+from . import bindings as B
+from .bindings import RuntimeNotBuilt  # noqa: F401  (re-exported)
+
+
+class RuntimeError_(RuntimeError):
+    """A clover_* call failed."""
+
+
+def _default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+class CloverRuntime:
+    """One model + one context (one sequence). Not thread-safe."""
+
+    def __init__(self, gguf_path: str | Path, n_threads: int | None = None, n_gpu_layers: int = 0,
+                 experts_on_cpu: bool = False, n_ctx: int = 0, n_batch: int | None = None,
+                 n_ubatch: int | None = None, quiet: bool = True):
+        self.path = Path(gguf_path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no such GGUF file")
+        self._lib = B.load()
+        B.set_quiet_logs(self._lib, quiet)
+        lc = self._lib.lc
+        self._keep: list = []
+        mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep)
+        self.model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
+        if not self.model:
+            raise RuntimeError_(f"llama.cpp could not load {self.path} (set CLOVER_GGUF_VERBOSE=1 "
+                                "for its log)")
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self.n_layer = lc.llama_model_n_layer(self.model)
+        self.default_block_size = self._model_block_size()
+        self.mask_token_id = lc.llama_vocab_mask(self.vocab)
+        eos = lc.llama_vocab_eos(self.vocab)
+        self.eos_token_id = eos if eos >= 0 else None
+        self.n_threads = int(n_threads or _default_threads())
+        # clover.h: n_seq_max = 1, n_ubatch >= B (a multiple of B folds several prompt blocks
+        # per graph), n_batch >= n_ubatch, n_ctx >= n_ubatch.
+        ub = int(n_ubatch or max(256, self.default_block_size))
+        nb = int(n_batch or ub)
+        if n_ctx and n_ctx < ub:
+            n_ctx = ub
+        self.n_ubatch, self.n_batch = ub, nb
+        cp = B.context_params(self._lib, n_ctx=n_ctx, n_batch=nb, n_ubatch=ub,
+                              n_threads=self.n_threads, n_seq_max=1)
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            lc.llama_model_free(self.model)
+            self.model = None
+            raise RuntimeError_(f"llama.cpp could not create a context for {self.path}")
+        self._logits = np.empty((0,), dtype=np.float32)
+        self._state_sizes: dict[int, int] = {}
+        self.last_perf: dict | None = None
+
+    # ---------------------------------------------------------------- lifetime
+    def close(self):
+        lc = getattr(self, "_lib", None) and self._lib.lc
+        if lc is None:
+            return
+        if getattr(self, "ctx", None):
+            lc.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            lc.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---------------------------------------------------------------- metadata
+    def _model_block_size(self) -> int:
+        f = getattr(self._lib, "clover_model_block_size", None)
+        if f is not None:
+            b = int(f(self.model))
+            if b > 0:
+                return b
+        v = self.meta("clover.diffusion.block_size")
+        return int(v) if v else 16
+
+    def meta(self, key: str) -> str | None:
+        return B.meta_str(self._lib, self.model, key)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.meta("tokenizer.chat_template")
+
+    # ---------------------------------------------------------------- tokens
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        lc = self._lib.lc
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (B.llama_token * n_max)()
+        n = lc.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (B.llama_token * n_max)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            raise RuntimeError_(f"llama_tokenize failed ({n})")
+        return list(buf[:n])
+
+    def detokenize(self, ids, remove_special: bool = False, unparse_special: bool = True) -> str:
+        lc = self._lib.lc
+        ids = [int(i) for i in ids]
+        if not ids:
+            return ""
+        toks = B.token_ptr(ids)
+        size = max(64, 8 * len(ids))
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = lc.llama_detokenize(self.vocab, toks, len(ids), buf, size, remove_special, unparse_special)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = -n + 1
+        raise RuntimeError_("llama_detokenize failed")
+
+    def chat_prompt(self, messages: list[dict], enable_thinking: bool = False,
+                    add_generation_prompt: bool = True, **kwargs) -> str:
+        """Render the GGUF's chat template (tokenizer.chat_template) with jinja2, the same
+        renderer as clover_gguf.tokenizer."""
+        from ..tokenizer import _render_template
+
+        tpl = self.chat_template
+        if not tpl:
+            raise RuntimeError_(f"{self.path} has no tokenizer.chat_template")
+        lc = self._lib.lc
+
+        def tok_text(i):
+            if i is None or i < 0:
+                return None
+            return self.detokenize([i], unparse_special=True)
+
+        return _render_template(tpl, messages=messages, add_generation_prompt=add_generation_prompt,
+                                enable_thinking=enable_thinking,
+                                bos_token=tok_text(lc.llama_vocab_bos(self.vocab)),
+                                eos_token=tok_text(lc.llama_vocab_eos(self.vocab)), **kwargs)
+
+    # ---------------------------------------------------------------- memory / blocks
+    def _check(self, rc: int, what: str) -> int:
+        if rc < 0:
+            raise RuntimeError_(f"{what} failed ({rc})")
+        return rc
+
+    def reset(self) -> None:
+        self._check(self._lib.clover_reset(self.ctx), "clover_reset")
+
+    @property
+    def n_committed(self) -> int | None:
+        f = getattr(self._lib, "clover_n_committed", None)
+        return int(f(self.ctx)) if f is not None else None
+
+    def commit(self, tokens, block_size: int | None = None) -> None:
+        """Fold tokens into the memory in blocks of block_size (the last may be short)."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return
+        bs = int(block_size or self.default_block_size)
+        if bs > self.n_ubatch:
+            raise ValueError(f"block_size {bs} > n_ubatch {self.n_ubatch}: create the runtime "
+                             f"with n_ubatch >= {bs}")
+        self._check(self._lib.clover_commit(self.ctx, B.token_ptr(tokens), len(tokens), bs),
+                    "clover_commit")
+
+    def block_logits_np(self, block) -> np.ndarray:
+        """Logits [L, V] float32 of the block at the next position; the memory is untouched."""
+        block = [int(t) for t in block]
+        L = len(block)
+        if L > self.n_ubatch:
+            raise ValueError(f"block of {L} > n_ubatch {self.n_ubatch}")
+        out = np.empty((L, self.n_vocab), dtype=np.float32)
+        ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        self._check(self._lib.clover_block_logits(self.ctx, B.token_ptr(block), L, ptr),
+                    "clover_block_logits")
+        return out
+
+    def block_logits(self, block) -> torch.Tensor:
+        return torch.from_numpy(self.block_logits_np(block))
+
+    def state(self, layer: int) -> np.ndarray:
+        """Layer `layer`'s memory, [H_kv, D_k, D_v] float32 (readout S^T q), a copy."""
+        f = self._lib.clover_get_state
+        n = self._state_sizes.get(layer)
+        if n is None:
+            n = self._check(f(self.ctx, layer, None, 0), f"clover_get_state({layer})")
+            self._state_sizes[layer] = n
+        out = np.empty((n,), dtype=np.float32)
+        self._check(f(self.ctx, layer, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n),
+                    f"clover_get_state({layer})")
+        hkv = max(1, int(self._lib.lc.llama_model_n_head_kv(self.model)))
+        D = int(round((n // hkv) ** 0.5))
+        if D * D * hkv != n:
+            raise RuntimeError_(f"state of {n} floats is not H_kv={hkv} x D x D")
+        return out.reshape(hkv, D, D)
+
+    def states(self) -> list[np.ndarray]:
+        return [self.state(i) for i in range(self.n_layer)]
+
+    # ---------------------------------------------------------------- generation
+    def gen_params(self, cfg: GenerationConfig) -> B.clover_gen_params:
+        p = self._lib.clover_gen_default_params()
+        p.block_size = int(cfg.block_size)
+        p.steps = int(cfg.steps) if cfg.steps is not None else 0
+        p.threshold = float(cfg.threshold if cfg.threshold is not None else 0.9)
+        p.temperature = float(cfg.temperature)
+        p.top_k = int(cfg.top_k)
+        p.top_p = float(cfg.top_p)
+        p.seed = int(cfg.seed) & 0xFFFFFFFF
+        p.max_new_tokens = int(cfg.max_new_tokens)
+        return p
+
+    def generate(self, prompt_ids, cfg: GenerationConfig | None = None,
+                 on_block: Callable[[list[int], BlockStats], bool | None] | None = None
+                 ) -> GenerationResult:
+        """One clover_generate call: reset, prefill, blocks until max_new_tokens or EOS.
+        The mask and EOS tokens are the GGUF's (cfg.mask_token_id/eos_token_id are not used).
+        on_block(tokens, stats) runs after each block; returning False stops."""
+        cfg = cfg or GenerationConfig(block_size=self.default_block_size)
+        cfg.validate()
+        if cfg.block_size > self.n_ubatch:
+            raise ValueError(f"block_size {cfg.block_size} > n_ubatch {self.n_ubatch}")
+        prompt = [int(t) for t in prompt_ids]
+        blocks: list[BlockStats] = []
+        err: list[BaseException] = []
+
+        def cb(stats_p, _user):
+            try:
+                s = stats_p.contents
+                n = s.n_steps
+                st = BlockStats(index=s.block_index, n_tokens=s.n_tokens, steps=n,
+                                tokens_per_step=[int(s.tokens_per_step[i]) for i in range(n)],
+                                ms_per_step=[float(s.ms_per_step[i]) for i in range(n)])
+                blocks.append(st)
+                if on_block is not None:
+                    toks = [int(s.tokens[i]) for i in range(s.n_tokens)]
+                    return on_block(toks, st) is not False
+                return True
+            except BaseException as e:  # never let an exception cross the C frame
+                err.append(e)
+                return False
+
+        c_cb = B.clover_block_cb(cb)
+        n_out = max(1, cfg.max_new_tokens)
+        out = (B.llama_token * n_out)()
+        t0 = time.perf_counter()
+        n = self._lib.clover_generate(self.ctx, B.token_ptr(prompt), len(prompt), self.gen_params(cfg),
+                                      out, n_out, c_cb, None)
+        total_ms = (time.perf_counter() - t0) * 1e3
+        if err:
+            raise err[0]
+        self._check(n, "clover_generate")
+        perf = self.perf()
+        self.last_perf = perf
+        prefill_ms = perf["t_prompt_ms"] if perf else float("nan")
+        return GenerationResult(list(out[:n]), blocks, len(prompt), prefill_ms, total_ms)
+
+    def perf(self) -> dict | None:
+        """clover_get_perf of the last generate (None if the library has no clover_get_perf)."""
+        f = getattr(self._lib, "clover_get_perf", None)
+        if f is None:
+            return None
+        p = B.clover_perf()
+        if f(self.ctx, ctypes.byref(p)) != 0:
+            return None
+        return {k: getattr(p, k) for k, _ in B.clover_perf._fields_}
+
+
+class RuntimeBackend:
+    """CloverRuntime as a clover_gguf.generate.LogitsBackend (step-by-step driving from Python)."""
+
+    def __init__(self, rt: CloverRuntime, reset: bool = True):
+        self.rt = rt
+        if reset:
+            rt.reset()
+
+    def prefill(self, tokens, block_size):
+        self.rt.commit(tokens, block_size)
+
+    def block_logits(self, block):
+        return self.rt.block_logits(block)
+
+    def commit(self, block):
+        self.rt.commit(block, len(block))
