@@ -105,7 +105,7 @@ def _recipe_help() -> str:
 @click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0"], case_sensitive=False),
               help="Type of the non-expert 2-D weights (attention, shared expert, embeddings, output) [default: bf16].")
 @click.option("--experts", type=click.Choice(["q4_k", "q4_0", "q4_1", "iq4_nl", "iq4_xs", "mxfp4", "q5_k", "q6_k",
-                                              "q8_0", "bf16"], case_sensitive=False),
+                                              "q8_0", "bf16", "f16", "f32"], case_sensitive=False),
               help="Type of the routed experts [default: q4_k].")
 @click.option("--tensor-type", "tensor_types", multiple=True, metavar="REGEX=TYPE",
               help="Override the type of tensors whose GGUF name matches REGEX (repeatable; first match wins).")
@@ -210,14 +210,16 @@ def runtime_group():
 @click.option("--no-install", is_flag=True, help="Build only; do not pip-install llama-cpp-python.")
 @click.option("--root", type=click.Path(file_okay=False), default=None,
               help="Runtime dir (default $CLOVER_GGUF_RUNTIME_DIR or <cache>/runtime).")
-def runtime_build_cmd(cuda, cuda_arch, jobs, force, targets, no_install, root):
+@click.option("--cmake-arg", "cmake_arg", multiple=True,
+              help="Extra cmake argument (repeatable), e.g. -DCUDA_cublas_LIBRARY=/path/libcublas.so.13.")
+def runtime_build_cmd(cuda, cuda_arch, jobs, force, targets, no_install, root, cmake_arg):
     """Fetch the sdist, apply patches/*.patch, build once with cmake+ninja, install."""
     from .runtime.build import BuildError, build_runtime
 
     try:
         build_runtime(cuda=cuda, cuda_archs=cuda_arch.replace(",", ";") if cuda_arch else None,
                       jobs=jobs, force=force, targets=targets.split(",") if targets else None,
-                      install=not no_install, root=root)
+                      install=not no_install, root=root, extra_cmake_args=cmake_arg)
     except BuildError as e:
         raise click.ClickException(str(e))
 
@@ -231,6 +233,10 @@ def runtime_paths_cmd():
         click.echo(f"{k:18s} {v}")
 
 # --- eval commands (eval quality, eval speed, report) -----------------------------------
+from .eval.commands import eval_group as _eval_group, report_command as _report_command  # noqa: E402
+
+cli.add_command(_eval_group)
+cli.add_command(_report_command)
 
 
 def main():

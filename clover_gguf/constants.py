@@ -77,6 +77,34 @@ class Keys:
     SOURCE_CONFIG_SHA256 = "clover_gguf.source_config_sha256"
     TOOL_VERSION = "clover_gguf.version"
     RECIPE = "clover_gguf.recipe"
+    # --- converter (clover_gguf.convert) ---
+    VOCAB_SIZE = "{arch}.vocab_size"
+    GENERAL_ARCHITECTURE = "general.architecture"
+    GENERAL_TYPE = "general.type"                          # "model"
+    GENERAL_NAME = "general.name"
+    GENERAL_SIZE_LABEL = "general.size_label"
+    GENERAL_LICENSE = "general.license"
+    GENERAL_FILE_TYPE = "general.file_type"                # llama_ftype of the experts' type
+    GENERAL_QUANT_VERSION = "general.quantization_version"
+    TOKENIZER_TOKENS = "tokenizer.ggml.tokens"
+    TOKENIZER_TOKEN_TYPE = "tokenizer.ggml.token_type"
+    TOKENIZER_MERGES = "tokenizer.ggml.merges"
+    ADD_BOS = "tokenizer.ggml.add_bos_token"
+    ADD_EOS = "tokenizer.ggml.add_eos_token"
+    # true when the file carries the converter's byte-level placeholder vocabulary (the
+    # model dir had no tokenizer.json); such a file loads but does not tokenize text
+    TOKENIZER_PLACEHOLDER = "clover_gguf.tokenizer_placeholder"
+    SOURCE_LAYOUT = "clover_gguf.source_expert_layout"    # "per_expert" | "fused"
+    # llama-quantize's own provenance keys when an imatrix weighted the quantization
+    QUANTIZE_IMATRIX_FILE = "quantize.imatrix.file"
+    QUANTIZE_IMATRIX_DATASET = "quantize.imatrix.dataset"
+    QUANTIZE_IMATRIX_N_ENTRIES = "quantize.imatrix.entries_count"
+    QUANTIZE_IMATRIX_N_CHUNKS = "quantize.imatrix.chunks_count"
+    # llama.cpp's GGUF imatrix file (tools/imatrix): general.type = "imatrix", per weight
+    # tensor W the F32 tensors "W.in_sum2" [n_mat, n_per_row] and "W.counts" [n_mat, 1]
+    IMATRIX_DATASETS = "imatrix.datasets"
+    IMATRIX_CHUNK_COUNT = "imatrix.chunk_count"
+    IMATRIX_CHUNK_SIZE = "imatrix.chunk_size"
 
     @staticmethod
     def fmt(key: str, arch: str = ARCH) -> str:
@@ -85,6 +113,16 @@ class Keys:
 
 EXPERT_GATING_FUNC_SOFTMAX = 1  # llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
 TOKENIZER_PRE_NAME = "qwen2"    # llama.cpp pre-tokenizer matching Qwen2's regex
+TOKENIZER_MODEL_NAME = "gpt2"   # llama.cpp's name for byte-level BPE vocabularies
+GENERAL_TYPE_MODEL = "model"
+GENERAL_TYPE_IMATRIX = "imatrix"
+IMATRIX_SUM2_SUFFIX = ".in_sum2"
+IMATRIX_COUNTS_SUFFIX = ".counts"
+# Clover has no trained context limit (the memory state is fixed-size); llama.cpp needs a
+# {arch}.context_length, so the converter writes this unless config.json has
+# max_position_embeddings.
+DEFAULT_CONTEXT_LENGTH = 262144
+PLACEHOLDER_TOKEN = "<|clover_placeholder_{i}|>"   # placeholder vocabulary, ids >= 256
 
 # --- tensor names ----------------------------------------------------------------------
 # HF name (with {bid} for the layer) -> GGUF name.  Shapes are given in torch order; the
@@ -148,6 +186,11 @@ TENSOR_GROUPS: dict[str, str] = {
     "embeddings": r"^token_embd\.weight$",
     "output": r"^output\.weight$",
 }
+
+
+# 2-D tensors the llama.cpp runtime uses as element-wise / ssm_conv operands: always F32
+# (1-D tensors are always F32 too). The converter ignores --tensor-type for them.
+RUNTIME_F32_TENSORS = r"^blk\.\d+\.(conv1d|mem_key)\.weight$"
 
 
 def tensor_group(gguf_name: str) -> str:

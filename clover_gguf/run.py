@@ -58,7 +58,7 @@ def run(model: str | Path = DEFAULT_MODEL, prompt: str | None = None, prompt_ids
         rt = CloverRuntime(model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu)
         text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt
         ids = list(prompt_ids) if prompt_ids is not None else rt.tokenize(text)
-        cfg = GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size or rt.block_size,
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size or rt.default_block_size,
                                steps=steps, threshold=threshold, temperature=temp, top_k=top_k, top_p=top_p,
                                seed=seed, mask_token_id=rt.mask_token_id, eos_token_id=rt.eos_token_id)
         res = rt.generate(ids, cfg, on_block=on_block)
