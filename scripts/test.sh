@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: install, build the patched llama.cpp runtime (CPU), run the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+clover-gguf runtime build
+python -m pytest -q "$@"
