@@ -105,13 +105,15 @@ class MLP(nn.Module):
 
     def experts(self, v: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(v.shape[0], v.shape[1], dtype=torch.float32, device=v.device)
-        for e in range(self.experts_gate.shape[0]):
+        # unbind (not [e]): its backward stacks the grads once instead of E full-size adds
+        stacks = zip(self.experts_gate.unbind(0), self.experts_up.unbind(0), self.experts_down.unbind(0))
+        for e, (wg, wu, wd) in enumerate(stacks):
             tok, slot = torch.nonzero(ids == e, as_tuple=True)
             if tok.numel() == 0:
                 continue
             x = v[tok]
-            h = F.silu(x @ self.experts_gate[e].T) * (x @ self.experts_up[e].T)
-            y = (h @ self.experts_down[e].T).float() * w[tok, slot, None]
+            h = F.silu(x @ wg.T) * (x @ wu.T)
+            y = (h @ wd.T).float() * w[tok, slot, None]
             out.index_add_(0, tok, y)
         return out
 

@@ -1,0 +1,158 @@
+"""Block-logit providers for the eval, one interface over three ways to run a model:
+
+* ``reference-bf16``: the PyTorch reference (float32 compute) on the checkpoint's BF16 weights;
+* ``reference-dequant``: the same code on a GGUF's weights dequantized with gguf-py
+  (``gguf_reader.load_gguf_as_hf_tensors``): measures the quantization of the weights alone;
+* ``runtime``: the patched llama.cpp (``clover_gguf.runtime.CloverRuntime``), when built:
+  measures weights + kernels as users run them.
+
+``window_logits(clean [nb, B], noisy [R, nb, B], select [R, nb, B]) -> [n, V]``: the logits
+of the selected (masked) positions of every noisy block, each block read against the state
+after committing the clean blocks before it, ordered row-major over ``select``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import torch
+
+PROVIDERS = ("reference-bf16", "reference-dequant", "runtime")
+
+
+def sha256_file(path, limit: int | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_dir_hash(model_dir) -> str:
+    """sha256 over config.json and the safetensors files (names + bytes)."""
+    d = Path(model_dir)
+    h = hashlib.sha256()
+    for p in sorted(d.glob("config.json")) + sorted(d.glob("*.safetensors")):
+        h.update(p.name.encode())
+        h.update(sha256_file(p).encode())
+    return h.hexdigest()
+
+
+def load_reference(model_dir):
+    from ..model import CloverModel
+    return CloverModel.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def load_dequantized(gguf_path):
+    """(model, config) of the PyTorch reference on a GGUF's dequantized weights."""
+    from ..gguf_reader import load_gguf_as_hf_tensors
+    from ..model import CloverModel
+    cfg, tensors = load_gguf_as_hf_tensors(gguf_path)
+    return CloverModel.from_tensors(cfg, tensors, torch.float32)
+
+
+def runtime_status() -> tuple[bool, str]:
+    """(available, why not / what) for the llama.cpp runtime."""
+    try:
+        from ..runtime import bindings, runtime  # noqa: F401
+        bindings.load()
+    except Exception as e:  # not written yet, not built, or libllama without the clover API
+        return False, f"{type(e).__name__}: {e}"
+    return True, "patched llama.cpp loaded (clover_gguf.runtime)"
+
+
+def open_runtime(gguf_path, n_threads: int | None = None, n_gpu_layers: int = 0, max_block: int | None = None):
+    """CloverRuntime on a GGUF; ``max_block`` raises n_ubatch/n_batch to fit that block size."""
+    from ..runtime.runtime import CloverRuntime
+    kw = {}
+    if max_block and max_block > 256:  # CloverRuntime's default n_ubatch is max(256, B)
+        kw = {"n_ubatch": int(max_block), "n_batch": int(max_block)}
+    try:
+        return CloverRuntime(str(gguf_path), n_threads=n_threads or default_threads(), n_gpu_layers=n_gpu_layers, **kw)
+    except TypeError:
+        return CloverRuntime(str(gguf_path), n_threads=n_threads or default_threads(), n_gpu_layers=n_gpu_layers)
+
+
+def default_threads() -> int:
+    """$CLOVER_EVAL_THREADS, else every core -- or 1 when the machine is already busy (load
+    average above the core count): torch's OpenMP and ggml's thread pools spin-wait for
+    their workers, and on an oversubscribed CPU a descheduled worker stalls every op
+    (measured here: a 16-token block step 24 ms with 1 thread vs 1.4 s with 2)."""
+    env = int(os.environ.get("CLOVER_EVAL_THREADS", "0") or 0)
+    cores = os.cpu_count() or 1
+    if env > 0:
+        return env
+    try:
+        if os.getloadavg()[0] > cores:
+            return 1
+    except OSError:
+        pass
+    return cores
+
+
+class TorchProvider:
+    """The PyTorch reference: clean blocks committed layer-parallel (chunked delta rule, one
+    forward for the whole window) and every noisy copy read against the clean state at its
+    block's start -- the two-stream forward of training, without its loss."""
+
+    def __init__(self, model, name: str):
+        self.model, self.name = model, name
+        self.vocab_size = model.config.vocab_size
+
+    @torch.no_grad()
+    def window_logits(self, clean: torch.Tensor, noisy: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        nb, B = clean.shape
+        R = noisy.shape[0]
+        if not hasattr(m, "_run"):  # public API only: one two-stream forward per ratio
+            pos = torch.arange(nb * B).view(1, nb, B)
+            valid = torch.ones(1, nb, B, dtype=torch.bool)
+            return torch.cat([m.forward_train(clean[None].long(), noisy[r][None].long(), pos, valid,
+                                              select=select[r][None]) for r in range(R)])
+        tok = torch.cat([clean[None], noisy]).long()                     # [1 + R, nb, B]
+        pos = torch.arange(nb * B).view(1, nb, B).expand(1 + R, -1, -1)
+        h, _ = m._run(tok, pos, None, init=m.init_state(1), n_clean=1)  # clean row 0 gives every row its states
+        return m._logits(h[1:][select])
+
+
+class GenerationTorch:
+    """generate.TorchBackend factory (prefill in parallel mode)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self):
+        from ..generate import TorchBackend
+        return TorchBackend(self.model)
+
+
+class RuntimeProvider:
+    """The llama.cpp runtime, block by block: for each block, every noisy copy is denoised
+    (state read only), then the clean block is committed."""
+
+    name = "runtime"
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def window_logits(self, clean, noisy, select):
+        nb, B = clean.shape
+        R = noisy.shape[0]
+        rows = {}
+        self.rt.reset()
+        for b in range(nb):
+            for r in range(R):
+                if select[r, b].any():
+                    lg = torch.as_tensor(self.rt.block_logits([int(x) for x in noisy[r, b]])).float()
+                    rows[(r, b)] = lg[select[r, b]]
+            self.rt.commit([int(x) for x in clean[b]], B)
+        return torch.cat([rows[(r, b)] for r in range(R) for b in range(nb) if (r, b) in rows])
+
+
+def timed(fn, *a, **k):
+    t0 = time.perf_counter()
+    out = fn(*a, **k)
+    return out, time.perf_counter() - t0

@@ -1,0 +1,88 @@
+"""`clover-gguf eval sensitivity`: which tensor group the quantization error comes from.
+
+Every 2-D weight at a lossless base type (BF16, the 1-D tensors F32), then one group of
+constants.TENSOR_GROUPS at a time quantized to ``qtype`` through convert's ``tensor_types``
+override (``[(group regex, qtype)]``); each file is scored like ``eval quality`` (same
+samples, same cached reference logits) and reported with the bytes the group takes before
+and after.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from ..constants import TENSOR_GROUPS
+from .quality import run_quality
+
+DEFAULT_GROUPS = ("experts_gate_up", "experts_down", "attention", "memory", "shared_expert", "embeddings", "output")
+DEFAULT_QTYPE = "q4_k"
+
+
+def group_bytes(gguf_info: dict, path, group: str) -> tuple[int, int]:
+    """(bytes, n tensors) of a group's tensors in a GGUF."""
+    from gguf import GGUFReader
+    r = GGUFReader(str(path))
+    pat = re.compile(TENSOR_GROUPS[group])
+    n, b = 0, 0
+    for t in r.tensors:
+        if pat.search(t.name):
+            n += 1
+            b += int(t.n_bytes)
+    return b, n
+
+
+def run_sensitivity(reference, out_dir, groups=DEFAULT_GROUPS, qtype: str = DEFAULT_QTYPE, base: str = "bf16",
+                    work_dir=None, keep: bool = False, log=print, **quality_kw) -> dict:
+    """Convert one file per group, score them, return the sensitivity run (also written to
+    ``out_dir/sensitivity.json``). quality_kw go to run_quality (corpus, n_windows, ...)."""
+    from ..convert import convert
+    t0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(work_dir) if work_dir else out_dir / "gguf"
+    work.mkdir(parents=True, exist_ok=True)
+    for g in groups:
+        if g not in TENSOR_GROUPS:
+            raise ValueError(f"unknown tensor group {g!r}; known: {', '.join(TENSOR_GROUPS)}")
+    files = []
+    base_file = work / f"sens-base-{base}.gguf"
+    if not base_file.exists():
+        convert(reference, base_file, outtype=base, experts=base, progress=False, log=lambda *a, **k: None)
+    for g in groups:
+        f = work / f"sens-{g}-{qtype}.gguf"
+        if not f.exists():
+            log(f"convert: {g} -> {qtype}")
+            convert(reference, f, outtype=base, experts=base, tensor_types=[(TENSOR_GROUPS[g], qtype)],
+                    progress=False, log=lambda *a, **k: None)
+        files.append(f)
+    quality_kw.setdefault("generation", False)
+    q = run_quality(reference, files, out_dir=out_dir, backend="reference", names=list(groups), log=log, **quality_kw)
+    (out_dir / "quality.json").unlink(missing_ok=True)  # the sensitivity run holds it
+    rows = []
+    for g, f, m in zip(groups, files, q["models"]):
+        bq, n = group_bytes(m, f, g)
+        bb, _ = group_bytes(m, base_file, g)
+        r = m["providers"]["reference-dequant"]
+        types = m["types"].get(g, {})
+        saved = (bb - bq) / 1048576
+        rows.append({"group": g, "file": str(f), "n_tensors": n, "types": types, "group_bytes_base": bb,
+                     "group_bytes_q": bq, "file_bytes": m["bytes"], "overall": r["overall"], "by_ratio": r["by_ratio"],
+                     "by_history": r["by_history"],
+                     "kl_per_mib_saved": r["overall"]["kl_mean"] / saved if saved > 0 else None})
+    if not keep:
+        for f in files + [base_file]:
+            f.unlink(missing_ok=True)
+        try:
+            work.rmdir()
+        except OSError:
+            pass
+    run = {"schema": q["schema"], "kind": "sensitivity",
+           "config": {**q["config"], "qtype": qtype, "base": base, "groups": list(groups), "provider": "reference-dequant",
+                      "group_regex": {g: TENSOR_GROUPS[g] for g in groups}},
+           "samples": q["samples"], "reference": q["reference"], "groups": rows, "notes": q["notes"],
+           "seconds": time.perf_counter() - t0}
+    (out_dir / "sensitivity.json").write_text(json.dumps(run, indent=1) + "\n")
+    return run

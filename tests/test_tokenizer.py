@@ -1,0 +1,138 @@
+"""clover-tiny tokenizer and stdlib corpus split. Uses the saved tokenizer in
+models/clover-tiny/ (python scripts/train_tokenizer.py makes it); never retrains."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clover_gguf import data
+from clover_gguf.tokenizer import (CHAT_TEMPLATE, SPECIAL_TOKENS, TOKEN_CONTROL, TOKEN_NORMAL,
+                                   TOKEN_USER_DEFINED, CloverTokenizer)
+
+TOK_DIR = Path(__file__).resolve().parent.parent / "models" / "clover-tiny"
+needs_tok = pytest.mark.skipif(not (TOK_DIR / "tokenizer.json").is_file(),
+                               reason="run scripts/train_tokenizer.py first")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return CloverTokenizer.from_dir(TOK_DIR)
+
+
+@needs_tok
+def test_special_ids_fixed(tok):
+    assert tok.vocab_size == 8192
+    for i, t in enumerate(SPECIAL_TOKENS):
+        assert tok.token_to_id(t) == i
+        assert tok.encode(t) == [i]
+    assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.mask_id) == (0, 0, 0, 1)
+    cfg = json.loads((TOK_DIR / "tokenizer_config.json").read_text())
+    assert cfg["chat_template"] == CHAT_TEMPLATE
+    assert cfg["mask_token"] == "<|mask|>" and cfg["eos_token"] == "<|endoftext|>"
+    assert [cfg["added_tokens_decoder"][str(i)]["content"] for i in range(6)] == SPECIAL_TOKENS
+
+
+@needs_tok
+def test_roundtrip_stdlib_source(tok):
+    files = data.heldout_files()[:3] + data.train_files()[::100]
+    for p, text in zip(files, data.read_corpus(files)):
+        ids = tok.encode(text)
+        assert max(ids) < tok.vocab_size
+        assert tok.decode(ids) == text, p
+    s = "def f(x):\n\treturn x**2  # café 日本語 \U0001F600\r\n<|im_end|>"
+    assert tok.decode(tok.encode(s)) == s
+
+
+@needs_tok
+def test_qwen2_pretokenizer(tok):
+    # digits are single tokens (\p{N}); a space before a word attaches to it
+    ids = tok.encode("x = 12345")
+    assert [tok.decode([i]) for i in ids][-5:] == list("12345")
+    assert tok.decode([tok.encode(" return")[0]]) == " return"
+
+
+@needs_tok
+def test_chat_template_thinking(tok):
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
+    on = tok.apply_chat_template(msgs, enable_thinking=True)
+    off = tok.apply_chat_template(msgs, enable_thinking=False)
+    base = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert on == base
+    assert off == base + "<think>\n\n</think>\n\n"
+    assert tok.apply_chat_template(msgs, add_generation_prompt=False) == base[: -len("<|im_start|>assistant\n")]
+    ids = tok.encode(off)
+    assert ids[0] == tok.token_to_id("<|im_start|>") and tok.token_to_id("</think>") in ids
+    # reasoning of earlier turns is dropped, of the last turn kept
+    conv = [{"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "<think>\nr1\n</think>\n\na1"},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "a2", "reasoning_content": "r2"}]
+    out = tok.apply_chat_template(conv, add_generation_prompt=False)
+    assert "r1" not in out and "<|im_start|>assistant\na1<|im_end|>\n" in out
+    assert out.endswith("<|im_start|>assistant\n<think>\nr2\n</think>\n\na2<|im_end|>\n")
+
+
+@needs_tok
+def test_gguf_vocab(tok):
+    v = tok.to_gguf_vocab()
+    assert len(v.tokens) == len(v.token_types) == tok.vocab_size
+    assert v.token_types[:6] == [TOKEN_CONTROL] * 4 + [TOKEN_USER_DEFINED] * 2
+    assert set(v.token_types[6:]) == {TOKEN_NORMAL}
+    assert len(v.merges) == tok.vocab_size - 6 - 256
+    assert all(len(m.split(" ")) == 2 for m in v.merges)
+    assert (v.bos_id, v.eos_id, v.pad_id, v.mask_id, v.pre, v.model) == (0, 0, 0, 1, "qwen2", "gpt2")
+    gguf = pytest.importorskip("gguf")
+    assert (TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED) == (
+        gguf.TokenType.NORMAL, gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED)
+
+
+def test_heldout_disjoint_and_fraction():
+    m = data.load_heldout_manifest()
+    assert m["python_version"] == data.python_version()
+    tr, ho = data.train_files(), data.heldout_files()
+    rtr, rho = {data.rel(p) for p in tr}, {data.rel(p) for p in ho}
+    assert rtr.isdisjoint(rho) and ho
+    assert {data.unit_of(r) for r in rtr}.isdisjoint(m["modules"])
+    assert rtr | rho == {data.rel(p) for p in data.corpus_files()}
+    assert [data.rel(p) for p in tr] == sorted(rtr)
+    hb = sum(p.stat().st_size for p in ho)
+    tb = sum(p.stat().st_size for p in tr)
+    assert hb == m["heldout_bytes"]
+    assert 0.04 <= hb / (hb + tb) <= 0.06
+    # the manifest is what the documented rule gives
+    assert data.build_heldout_manifest()["modules"] == m["modules"]
+    for r in rtr:
+        assert not {"test", "tests", "idle_test", "site-packages"} & set(r.split("/")[:-1])
+
+
+def test_missing_heldout_file_errors(tmp_path):
+    m = data.load_heldout_manifest(check=False)
+    m["files"].append({"path": "no_such_module_xyz.py", "bytes": 1})
+    bad = tmp_path / "heldout.json"
+    bad.write_text(json.dumps(m))
+    with pytest.raises(data.CorpusError, match="no_such_module_xyz.py"):
+        data.heldout_files(bad)
+
+
+@needs_tok
+def test_encode_files_cached(tok, tmp_path):
+    files = data.heldout_files()[:2]
+    a = data.encode_files(tok, files, tmp_path, "t")
+    assert a.dtype == np.int32 and list(tmp_path.glob("t-*.npy"))
+    n0 = len(tok.encode(data.read_corpus(files[:1])[0]))
+    assert a[n0] == tok.eos_id and (a == tok.eos_id).sum() == 1
+    assert np.array_equal(data.encode_files(tok, files, tmp_path, "t"), a)
+
+
+def test_unigram_entropy():
+    # held-out uniform over 4 ids, train the same counts: add-one keeps it uniform
+    r = data.unigram_entropy_bits([0, 1, 2, 3] * 10, [0, 1, 2, 3], vocab_size=4)
+    assert math.isclose(r["cross_entropy"], 2.0) and math.isclose(r["heldout_entropy"], 2.0)
+    r = data.unigram_entropy_bits([0] * 6, [0, 1], vocab_size=2)   # p = 7/8, 1/8
+    assert math.isclose(r["cross_entropy"], -(math.log2(7 / 8) + math.log2(1 / 8)) / 2)
+    assert math.isclose(r["heldout_entropy"], 1.0)
