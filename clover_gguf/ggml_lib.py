@@ -22,7 +22,6 @@ uses every core.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import sys
 import threading
@@ -65,17 +64,9 @@ def _candidates_in(folder: Path) -> list[Path]:
 
 
 def _llama_cpp_lib_dir() -> Path | None:
-    try:
-        spec = importlib.util.find_spec("llama_cpp")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for loc in spec.submodule_search_locations:
-        d = Path(loc) / "lib"
-        if d.is_dir():
-            return d
-    return None
+    from .runtime.build import installed_llama_cpp_lib_dir
+    d = installed_llama_cpp_lib_dir()
+    return d if d is not None and d.is_dir() else None
 
 
 def candidate_paths() -> list[Path]:

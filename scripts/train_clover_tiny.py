@@ -264,7 +264,7 @@ def write_model_card(out: Path, log: dict) -> Path:
     lines = [
         "# clover-tiny",
         "",
-        "A tiny Clover (block-diffusion mixture-of-experts, `/work/shared/spec/CLOVER.md`) trained from scratch "
+        "A tiny Clover (block-diffusion mixture-of-experts, the spec, `shared/spec/CLOVER.md`) trained from scratch "
         "on the Python standard library, on CPU, to exercise the clover-gguf toolkit end to end (converter, "
         "llama.cpp runtime, eval) with a model whose outputs are not random. It is a test model, not a useful "
         "code model.",
