@@ -3,9 +3,7 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-if not SHARED.exists():  # CI lays shared/ beside the clone
-    SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = Path(__file__).resolve().parents[2] / "shared"  # shared/ lies beside the checkout
 VECTORS = SHARED / "spec" / "vectors"
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "models" / "clover-tiny"

@@ -9,13 +9,6 @@ import torch
 from clover_gguf.eval import metrics as M
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """These tests run small ops; one thread avoids OpenMP stalls on a shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_identical_models_give_zero_kl_and_full_agreement():

@@ -13,17 +13,10 @@ from clover_gguf.eval.backends import TorchProvider, load_reference
 from clover_gguf.eval.quality import run_quality
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """These tests run small ops; one thread avoids OpenMP stalls on a shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
-RC = Path("/work/shared/spec/vectors/random-clover")
-if not RC.is_dir():  # the spec's vectors live next to the repo in CI as well
-    RC = Path(__file__).resolve().parents[1] / "shared" / "spec" / "vectors" / "random-clover"
+from conftest import VECTORS
+
+RC = VECTORS / "random-clover"
 
 
 def _docs(n=3, seed=0, V=90):
@@ -118,8 +111,7 @@ def test_runtime_provider_matches_reference_on_f32_weights(tmp_path):
     two-stream provider, on an all-F32 GGUF so that only the kernels differ."""
     from clover_gguf.eval.backends import RuntimeProvider, load_dequantized, open_runtime, runtime_status
     ok, why = runtime_status()
-    if not ok:
-        pytest.skip(f"llama.cpp runtime not built: {why}")
+    assert ok, f"llama.cpp runtime not built ({why}): run `clover-gguf runtime build`"
     from clover_gguf.convert import convert
     f = tmp_path / "rc-f32.gguf"
     convert(RC, f, outtype="f32", experts="bf16", tensor_types=[("ffn_.*_exps", "f32")], progress=False,

@@ -11,13 +11,6 @@ from clover_gguf.eval.metrics import spread
 from test_eval_quality import quality_run  # noqa: F401  (module fixture: a real saved run)
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """These tests run small ops; one thread avoids OpenMP stalls on a shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _sp(v):

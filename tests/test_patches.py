@@ -20,8 +20,7 @@ def _touched(patches):
 
 def test_series_applies_to_fresh_sdist(tmp_path):
     patches = rb.patch_series()
-    if not patches:
-        pytest.skip("patches/ holds no *.patch yet")
+    assert patches, "patches/ holds no *.patch"
     sdist = rb.fetch_sdist()
     touched = _touched(patches)
     prefix = f"llama_cpp_python-{rb.LLAMA_CPP_PYTHON_VERSION}/"

@@ -258,8 +258,7 @@ def _tiny_present():
 
 @pytest.fixture(scope="session")
 def tiny(lib, tmp_path_factory):
-    if not _tiny_present():
-        pytest.skip(f"{TINY} has no trained checkpoint yet")
+    assert _tiny_present(), f"{TINY} has no trained checkpoint"
     from clover_gguf.model import CloverModel
     from clover_gguf.runtime.runtime import CloverRuntime
 
@@ -299,8 +298,7 @@ def tok_model(lib, tmp_path_factory):
     from clover_gguf.synth import write_synthetic
     from clover_gguf.tokenizer import CloverTokenizer
 
-    if not (TINY / "tokenizer.json").exists():
-        pytest.skip(f"no tokenizer in {TINY}")
+    assert (TINY / "tokenizer.json").exists(), f"no tokenizer in {TINY}"
     tok = CloverTokenizer.from_dir(TINY)
     d = tmp_path_factory.mktemp("tiny-shapes")
     cfg = preset("clover-tiny", vocab_size=max(tok.vocab_size, 256), mask_token_id=tok.mask_id,

@@ -13,13 +13,6 @@ from clover_gguf.config import preset
 from clover_gguf.model import CloverModel
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # one thread: on a shared 2-core machine, OpenMP barriers make tiny ops 10-100x slower
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def tiny_config(**kw):

@@ -98,6 +98,9 @@ def quality_markdown(q: dict, plots: dict) -> str:
         rows.append(row)
     L += [_table(head, rows), ""]
     cm = ref.get("compact", {})
+    if cm.get("tail_mass_max") == 0.0:
+        L.append(f"Reference logits: the whole vocabulary is kept (top-{cm.get('top_k')}: every token but the "
+                 "mask), so the KL figures are exact (the bound below is 0).")
     L.append(f"Reference logits are stored compactly (top-{cm.get('top_k')} logits + log-sum-exp + true-token "
              f"log-prob per position). KL is computed with the tail beyond the top-k lumped into one outcome, a lower "
              f"bound; the true mean KL lies in [KL mean, KL mean + bound] with the bound below (reference tail mass: "
@@ -442,9 +445,10 @@ def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str
         if plot_speed(secs["speed"], out / "speed-block-size.png"):
             plots["speed"] = "speed-block-size.png"
         md.append(speed_markdown(secs["speed"], plots))
-    env = next((s["config"].get("environment") for s in secs.values() if s.get("config", {}).get("environment")), None)
-    if env:
-        md.append(config_markdown(env))
+    envs = [(k, s["config"]["environment"]) for k, s in secs.items() if s.get("config", {}).get("environment")]
+    for k, env in envs:
+        c = config_markdown(env)
+        md.append(c.replace("## Configuration", f"## Configuration ({k} run)", 1) if len(envs) > 1 else c)
     path = out / "report.md"
     path.write_text("\n".join(md).rstrip() + "\n")
     return path
