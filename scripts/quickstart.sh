@@ -13,4 +13,4 @@ clover-gguf inspect out/clover-tiny-q4_k.gguf
 clover-gguf run out/clover-tiny-q4_k.gguf -p 'def fibonacci(n):' -n 64 --steps 8
 clover-gguf eval quality --reference models/clover-tiny out/clover-tiny-q4_k.gguf \
     --windows 2 --blocks 8 --n-prompts 2 --max-new-tokens 32 --out out/quickstart-report
-echo "report: out/quickstart-report/ (report.md, report.json, *.png)"
+echo "report: out/quickstart-report/ (report.md for people, quality.json for machines, *.png)"
