@@ -379,11 +379,16 @@ class CloverModel(nn.Module):
     # ---- training ----------------------------------------------------------------------------
     def forward_train(self, clean, noisy, pos, valid, select=None) -> torch.Tensor:
         """Two streams (spec section 6): clean blocks [N, nb, B] are committed layer-parallel;
-        noisy blocks read the clean state at their start. Returns the noisy stream's logits,
-        [N, nb, B, V], or [n, V] at the positions where `select` is true."""
+        noisy blocks [R*N, nb, B] (R noisy copies; row i reads clean row i % N) read the clean
+        state at their start. pos/valid describe the clean rows; valid=None means all real.
+        Returns the noisy stream's logits, [R*N, nb, B, V], or [n, V] where `select` is true."""
         N = clean.shape[0]
+        if noisy.shape[0] % N:
+            raise ValueError(f"noisy rows ({noisy.shape[0]}) must be a multiple of clean rows ({N})")
+        rep = 1 + noisy.shape[0] // N
         tok = torch.cat([clean, noisy])
-        h, _ = self._run(tok, pos.repeat(2, 1, 1), valid.repeat(2, 1, 1), init=self.init_state(N), n_clean=N)
+        h, _ = self._run(tok, pos.repeat(rep, 1, 1), None if valid is None else valid.repeat(rep, 1, 1),
+                         init=self.init_state(N), n_clean=N)
         h = h[N:]
         if select is not None:
             h = h[select]

@@ -104,18 +104,10 @@ class TorchProvider:
 
     @torch.no_grad()
     def window_logits(self, clean: torch.Tensor, noisy: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
-        m = self.model
         nb, B = clean.shape
-        R = noisy.shape[0]
-        if not hasattr(m, "_run"):  # public API only: one two-stream forward per ratio
-            pos = torch.arange(nb * B).view(1, nb, B)
-            valid = torch.ones(1, nb, B, dtype=torch.bool)
-            return torch.cat([m.forward_train(clean[None].long(), noisy[r][None].long(), pos, valid,
-                                              select=select[r][None]) for r in range(R)])
-        tok = torch.cat([clean[None], noisy]).long()                     # [1 + R, nb, B]
-        pos = torch.arange(nb * B).view(1, nb, B).expand(1 + R, -1, -1)
-        h, _ = m._run(tok, pos, None, init=m.init_state(1), n_clean=1)  # clean row 0 gives every row its states
-        return m._logits(h[1:][select])
+        pos = torch.arange(nb * B).view(1, nb, B)
+        # one forward: the clean window committed once, every noisy copy reads its states
+        return self.model.forward_train(clean[None].long(), noisy.long(), pos, None, select=select)
 
 
 class GenerationTorch:
