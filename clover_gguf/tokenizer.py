@@ -181,7 +181,7 @@ class GGUFVocab:
     extra: dict = field(default_factory=dict)
 
 
-def _render_template(template: str, **ctx) -> str:
+def render_chat_template(template: str, **ctx) -> str:
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -257,7 +257,7 @@ class CloverTokenizer:
                             enable_thinking: bool = True, **kwargs) -> str:
         if not self.chat_template:
             raise TokenizerError("tokenizer_config.json has no chat_template")
-        return _render_template(self.chat_template, messages=messages,
+        return render_chat_template(self.chat_template, messages=messages,
                                 add_generation_prompt=add_generation_prompt,
                                 enable_thinking=enable_thinking,
                                 bos_token=self.config.get("bos_token"),

@@ -157,7 +157,7 @@ class CloverRuntime:
                     add_generation_prompt: bool = True, **kwargs) -> str:
         """Render the GGUF's chat template (tokenizer.chat_template) with jinja2, the same
         renderer as clover_gguf.tokenizer."""
-        from ..tokenizer import _render_template
+        from ..tokenizer import render_chat_template
 
         tpl = self.chat_template
         if not tpl:
@@ -169,7 +169,7 @@ class CloverRuntime:
                 return None
             return self.detokenize([i], unparse_special=True)
 
-        return _render_template(tpl, messages=messages, add_generation_prompt=add_generation_prompt,
+        return render_chat_template(tpl, messages=messages, add_generation_prompt=add_generation_prompt,
                                 enable_thinking=enable_thinking,
                                 bos_token=tok_text(lc.llama_vocab_bos(self.vocab)),
                                 eos_token=tok_text(lc.llama_vocab_eos(self.vocab)), **kwargs)
