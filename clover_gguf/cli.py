@@ -82,7 +82,7 @@ def synth_cmd(out_dir, preset_name, config_path, layers, shard_size_mb, fused, s
     clover-gguf synth /tmp/c35 --preset clover-35b-a3b --layers 2 --shard-size-mb 1000
     """
     from .config import CloverConfig, ConfigError, preset
-    from .synth import write_synthetic
+    from .gguf_io.synth import write_synthetic
     if (preset_name is None) == (config_path is None):
         raise click.UsageError("give exactly one of --preset or --config")
     try:
@@ -95,7 +95,7 @@ def synth_cmd(out_dir, preset_name, config_path, layers, shard_size_mb, fused, s
 # --- converter commands (convert, inspect, imatrix) -------------------------------------
 
 def _recipe_help() -> str:
-    from .recipes import RECIPES
+    from .convert.recipes import RECIPES
     return "Named recipe: " + "; ".join(f"{r.name} ({r.description})" for r in RECIPES.values()) + "."
 
 
@@ -130,7 +130,7 @@ def convert_cmd(model_dir, out, outtype, experts, tensor_types, recipe, imatrix,
     clover-gguf convert /tmp/c35 -o c35.gguf --recipe q4_k_m --imatrix c35.imatrix.gguf
     clover-gguf convert /tmp/c35 --experts mxfp4 --tensor-type 'ffn_down_exps=q8_0' --dry-run
     """
-    from .convert import ConvertError, convert
+    from .convert.converter import ConvertError, convert
     if out is None and not dry_run:
         raise click.UsageError("give -o/--outfile (or --dry-run)")
     try:
@@ -163,7 +163,7 @@ def convert_cmd(model_dir, out, outtype, experts, tensor_types, recipe, imatrix,
 def inspect_cmd(path, show_tensors, no_metadata):
     """Metadata and a per-group table (experts, attention, embeddings, ...) of types, sizes
     and bits per weight, for a .gguf file or a safetensors model folder."""
-    from .inspect import format_inspection, inspect_path
+    from .gguf_io.inspection import format_inspection, inspect_path
     try:
         ins = inspect_path(path)
     except (ValueError, OSError) as e:
@@ -184,7 +184,7 @@ def inspect_cmd(path, show_tensors, no_metadata):
 def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
     """Compute an importance matrix with the PyTorch reference on a text file, counting
     each routed expert's activations separately (llama.cpp's GGUF imatrix format)."""
-    from .imatrix import compute_imatrix
+    from .convert.imatrix import compute_imatrix
     try:
         im = compute_imatrix(model_dir, text_file, out, n_ctx=n_ctx, chunks=chunks, block_size=block_size,
                              seed=seed, log=lambda m: click.echo(m, err=True))

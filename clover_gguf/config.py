@@ -7,8 +7,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .constants import (CONFIG_KEYS, HF_ARCHITECTURE, HF_EXPERT_FUSED_DOWN,
-                        HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER, MODEL_TYPE)
+from .constants import (CONFIG_KEYS, EXPERT_TENSORS, EXPERTS_AFTER, GLOBAL_TENSORS_FIRST, GLOBAL_TENSORS_LAST,
+                        HF_ARCHITECTURE, HF_EXPERT_FUSED_SHAPES, HF_EXPERT_PER, LAYER_TENSORS, MODEL_TYPE, dims)
 
 
 class ConfigError(ValueError):
@@ -124,46 +124,30 @@ class CloverConfig:
     def kv_group(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    def symbols(self) -> dict[str, int]:
+        """The shape symbols of constants.TensorSpec."""
+        return {"V": self.vocab_size, "d": self.hidden_size, "H": self.num_attention_heads,
+                "Hkv": self.num_key_value_heads, "D": self.head_dim, "E": self.num_experts,
+                "Fe": self.moe_intermediate_size, "Fs": self.shared_expert_intermediate_size,
+                "Kc": self.conv_kernel_size}
+
     def expected_tensors(self, fused: bool = False) -> dict[str, tuple[int, ...]]:
-        """HF tensor name -> shape, in spec section 5 order."""
-        V, d, H, Hkv, D = (self.vocab_size, self.hidden_size, self.num_attention_heads,
-                           self.num_key_value_heads, self.head_dim)
-        E, Fe, Fs, K = (self.num_experts, self.moe_intermediate_size,
-                        self.shared_expert_intermediate_size, self.conv_kernel_size)
-        t: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, d)}
+        """HF tensor name -> shape, in spec section 5 order (constants' tensor table)."""
+        sym = self.symbols()
+        t = {s.hf: dims(s.shape, sym) for s in GLOBAL_TENSORS_FIRST}
         for i in range(self.num_hidden_layers):
-            p = f"model.layers.{i}."
-            t[p + "input_layernorm.weight"] = (d,)
-            t[p + "self_attn.q_proj.weight"] = (H * D, d)
-            t[p + "self_attn.k_proj.weight"] = (Hkv * D, d)
-            t[p + "self_attn.v_proj.weight"] = (Hkv * D, d)
-            t[p + "self_attn.o_proj.weight"] = (d, H * D)
-            t[p + "self_attn.q_norm.weight"] = (D,)
-            t[p + "self_attn.k_norm.weight"] = (D,)
-            t[p + "self_attn.memory.a_proj.weight"] = (Hkv, d)
-            t[p + "self_attn.memory.b_proj.weight"] = (Hkv, d)
-            t[p + "self_attn.memory.A_log"] = (Hkv,)
-            t[p + "self_attn.memory.dt_bias"] = (Hkv,)
-            t[p + "self_attn.memory.key"] = (H, D)
-            t[p + "self_attn.memory.calibration"] = (H,)
-            t[p + "conv.weight"] = (d, 1, K)
-            t[p + "conv.scale"] = (d,)
-            t[p + "post_attention_layernorm.weight"] = (d,)
-            t[p + "mlp.gate.weight"] = (E, d)
-            if fused:
-                t[HF_EXPERT_FUSED_GATE_UP.format(bid=i)] = (E, 2 * Fe, d)
-                t[HF_EXPERT_FUSED_DOWN.format(bid=i)] = (E, d, Fe)
-            else:
-                for x in range(E):
-                    t[HF_EXPERT_PER.format(bid=i, xid=x, proj="gate")] = (Fe, d)
-                    t[HF_EXPERT_PER.format(bid=i, xid=x, proj="up")] = (Fe, d)
-                    t[HF_EXPERT_PER.format(bid=i, xid=x, proj="down")] = (d, Fe)
-            t[p + "mlp.shared_expert.gate_proj.weight"] = (Fs, d)
-            t[p + "mlp.shared_expert.up_proj.weight"] = (Fs, d)
-            t[p + "mlp.shared_expert.down_proj.weight"] = (d, Fs)
-            t[p + "mlp.shared_expert_gate.weight"] = (1, d)
-        t["model.norm.weight"] = (d,)
-        t["lm_head.weight"] = (V, d)
+            for s in LAYER_TENSORS:
+                t[s.hf.format(bid=i)] = dims(s.shape, sym)
+                if s.hf != EXPERTS_AFTER:
+                    continue
+                if fused:
+                    for name, shape in HF_EXPERT_FUSED_SHAPES.items():
+                        t[name.format(bid=i)] = dims(shape, sym)
+                else:
+                    for x in range(self.num_experts):
+                        for proj, (_, shape) in EXPERT_TENSORS.items():
+                            t[HF_EXPERT_PER.format(bid=i, xid=x, proj=proj)] = dims(shape, sym)
+        t.update({s.hf: dims(s.shape, sym) for s in GLOBAL_TENSORS_LAST})
         return t
 
     def n_params(self) -> int:

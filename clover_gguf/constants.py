@@ -8,6 +8,7 @@ that reads these files) must take names from here.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 ARCH = "clover"
 MODEL_TYPE = "clover"
@@ -125,53 +126,85 @@ DEFAULT_CONTEXT_LENGTH = 262144
 PLACEHOLDER_TOKEN = "<|clover_placeholder_{i}|>"   # placeholder vocabulary, ids >= 256
 
 # --- tensor names ----------------------------------------------------------------------
-# HF name (with {bid} for the layer) -> GGUF name.  Shapes are given in torch order; the
-# GGUF file stores the same numpy shape (ggml's ne is the reverse).
-TENSOR_MAP_GLOBAL: dict[str, str] = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
+# The one table of Clover's tensors: HF name (with {bid} for the layer), GGUF name, shape in
+# torch order written in the config's symbols (see CloverConfig.symbols: V d H Hkv D E Fe Fs
+# Kc; "H*D" is a product), and the transform the converter applies. The GGUF file stores the
+# same numpy shape (ggml's ne is the reverse). Everything else (config.expected_tensors, the
+# converter's plan, the GGUF reader, the imatrix names, the reference model's module names)
+# is derived from these rows.
 
-TENSOR_MAP_LAYER: dict[str, str] = {
-    "model.layers.{bid}.input_layernorm.weight": "blk.{bid}.attn_norm.weight",
-    "model.layers.{bid}.self_attn.q_proj.weight": "blk.{bid}.attn_q.weight",
-    "model.layers.{bid}.self_attn.k_proj.weight": "blk.{bid}.attn_k.weight",
-    "model.layers.{bid}.self_attn.v_proj.weight": "blk.{bid}.attn_v.weight",
-    "model.layers.{bid}.self_attn.o_proj.weight": "blk.{bid}.attn_output.weight",
-    "model.layers.{bid}.self_attn.q_norm.weight": "blk.{bid}.attn_q_norm.weight",
-    "model.layers.{bid}.self_attn.k_norm.weight": "blk.{bid}.attn_k_norm.weight",
-    "model.layers.{bid}.self_attn.memory.a_proj.weight": "blk.{bid}.ssm_alpha.weight",
-    "model.layers.{bid}.self_attn.memory.b_proj.weight": "blk.{bid}.ssm_beta.weight",
-    # stored as ssm_a = -exp(A_log), as llama.cpp's qwen35 does (see A_LOG_TRANSFORM)
-    "model.layers.{bid}.self_attn.memory.A_log": "blk.{bid}.ssm_a",
-    "model.layers.{bid}.self_attn.memory.dt_bias": "blk.{bid}.ssm_dt.bias",
-    "model.layers.{bid}.self_attn.memory.key": "blk.{bid}.mem_key.weight",
-    "model.layers.{bid}.self_attn.memory.calibration": "blk.{bid}.mem_calib.weight",
-    # torch [d, 1, K_c] is stored squeezed as [d, K_c] (ggml ne [K_c, d], ssm_conv layout)
-    "model.layers.{bid}.conv.weight": "blk.{bid}.conv1d.weight",
-    "model.layers.{bid}.conv.scale": "blk.{bid}.conv_scale.weight",
-    "model.layers.{bid}.post_attention_layernorm.weight": "blk.{bid}.ffn_norm.weight",
-    "model.layers.{bid}.mlp.gate.weight": "blk.{bid}.ffn_gate_inp.weight",
-    "model.layers.{bid}.mlp.shared_expert.gate_proj.weight": "blk.{bid}.ffn_gate_shexp.weight",
-    "model.layers.{bid}.mlp.shared_expert.up_proj.weight": "blk.{bid}.ffn_up_shexp.weight",
-    "model.layers.{bid}.mlp.shared_expert.down_proj.weight": "blk.{bid}.ffn_down_shexp.weight",
-    "model.layers.{bid}.mlp.shared_expert_gate.weight": "blk.{bid}.ffn_gate_inp_shexp.weight",
-}
 
-# Routed experts: stacked [E, rows, cols] in GGUF whatever the source layout.
+@dataclass(frozen=True)
+class TensorSpec:
+    hf: str
+    gguf: str
+    shape: tuple[str, ...]
+    transform: str | None = None  # "a_log": stored as ssm_a = -exp(A_log); "conv": [d, 1, Kc] -> [d, Kc]
+
+
+GLOBAL_TENSORS_FIRST = (TensorSpec("model.embed_tokens.weight", "token_embd.weight", ("V", "d")),)
+GLOBAL_TENSORS_LAST = (
+    TensorSpec("model.norm.weight", "output_norm.weight", ("d",)),
+    TensorSpec("lm_head.weight", "output.weight", ("V", "d")),
+)
+
+_L = "model.layers.{bid}."
+LAYER_TENSORS = (
+    TensorSpec(_L + "input_layernorm.weight", "blk.{bid}.attn_norm.weight", ("d",)),
+    TensorSpec(_L + "self_attn.q_proj.weight", "blk.{bid}.attn_q.weight", ("H*D", "d")),
+    TensorSpec(_L + "self_attn.k_proj.weight", "blk.{bid}.attn_k.weight", ("Hkv*D", "d")),
+    TensorSpec(_L + "self_attn.v_proj.weight", "blk.{bid}.attn_v.weight", ("Hkv*D", "d")),
+    TensorSpec(_L + "self_attn.o_proj.weight", "blk.{bid}.attn_output.weight", ("d", "H*D")),
+    TensorSpec(_L + "self_attn.q_norm.weight", "blk.{bid}.attn_q_norm.weight", ("D",)),
+    TensorSpec(_L + "self_attn.k_norm.weight", "blk.{bid}.attn_k_norm.weight", ("D",)),
+    TensorSpec(_L + "self_attn.memory.a_proj.weight", "blk.{bid}.ssm_alpha.weight", ("Hkv", "d")),
+    TensorSpec(_L + "self_attn.memory.b_proj.weight", "blk.{bid}.ssm_beta.weight", ("Hkv", "d")),
+    # stored as ssm_a = -exp(A_log), as llama.cpp's qwen35 does
+    TensorSpec(_L + "self_attn.memory.A_log", "blk.{bid}.ssm_a", ("Hkv",), "a_log"),
+    TensorSpec(_L + "self_attn.memory.dt_bias", "blk.{bid}.ssm_dt.bias", ("Hkv",)),
+    TensorSpec(_L + "self_attn.memory.key", "blk.{bid}.mem_key.weight", ("H", "D")),
+    TensorSpec(_L + "self_attn.memory.calibration", "blk.{bid}.mem_calib.weight", ("H",)),
+    # torch [d, 1, Kc] is stored squeezed as [d, Kc] (ggml ne [Kc, d], the ssm_conv layout)
+    TensorSpec(_L + "conv.weight", "blk.{bid}.conv1d.weight", ("d", "1", "Kc"), "conv"),
+    TensorSpec(_L + "conv.scale", "blk.{bid}.conv_scale.weight", ("d",)),
+    TensorSpec(_L + "post_attention_layernorm.weight", "blk.{bid}.ffn_norm.weight", ("d",)),
+    TensorSpec(_L + "mlp.gate.weight", "blk.{bid}.ffn_gate_inp.weight", ("E", "d")),
+    # (the routed experts come here, see EXPERT_TENSORS)
+    TensorSpec(_L + "mlp.shared_expert.gate_proj.weight", "blk.{bid}.ffn_gate_shexp.weight", ("Fs", "d")),
+    TensorSpec(_L + "mlp.shared_expert.up_proj.weight", "blk.{bid}.ffn_up_shexp.weight", ("Fs", "d")),
+    TensorSpec(_L + "mlp.shared_expert.down_proj.weight", "blk.{bid}.ffn_down_shexp.weight", ("d", "Fs")),
+    TensorSpec(_L + "mlp.shared_expert_gate.weight", "blk.{bid}.ffn_gate_inp_shexp.weight", ("1", "d")),
+)
+EXPERTS_AFTER = _L + "mlp.gate.weight"   # spec order: the routed experts follow the router
+
+# Routed experts. In GGUF (and in the reference model) they are stacked [E, rows, cols] per
+# projection. Checkpoints hold them per expert or fused (gate rows first in gate_up_proj).
 EXPERT_PROJS = ("gate", "up", "down")
-GGUF_EXPERT_NAME = {
-    "gate": "blk.{bid}.ffn_gate_exps.weight",
-    "up": "blk.{bid}.ffn_up_exps.weight",
-    "down": "blk.{bid}.ffn_down_exps.weight",
+EXPERT_TENSORS = {  # proj -> (GGUF name, per-expert shape)
+    "gate": ("blk.{bid}.ffn_gate_exps.weight", ("Fe", "d")),
+    "up": ("blk.{bid}.ffn_up_exps.weight", ("Fe", "d")),
+    "down": ("blk.{bid}.ffn_down_exps.weight", ("d", "Fe")),
 }
-HF_EXPERT_PER = "model.layers.{bid}.mlp.experts.{xid}.{proj}_proj.weight"  # per-expert layout
-HF_EXPERT_FUSED_GATE_UP = "model.layers.{bid}.mlp.experts.gate_up_proj"    # [E, 2F, d], gate first
-HF_EXPERT_FUSED_DOWN = "model.layers.{bid}.mlp.experts.down_proj"          # [E, d, F]
+HF_EXPERT_PER = _L + "mlp.experts.{xid}.{proj}_proj.weight"                  # [rows, cols] each
+HF_EXPERT_FUSED_GATE_UP = _L + "mlp.experts.gate_up_proj"                    # [E, 2*Fe, d]
+HF_EXPERT_FUSED_DOWN = _L + "mlp.experts.down_proj"                          # [E, d, Fe]
+HF_EXPERT_FUSED_SHAPES = {HF_EXPERT_FUSED_GATE_UP: ("E", "2*Fe", "d"), HF_EXPERT_FUSED_DOWN: ("E", "d", "Fe")}
 
-A_LOG_HF = "model.layers.{bid}.self_attn.memory.A_log"
-CONV_HF = "model.layers.{bid}.conv.weight"
+GGUF_EXPERT_NAME = {proj: gguf for proj, (gguf, _) in EXPERT_TENSORS.items()}
+TENSOR_MAP_GLOBAL = {t.hf: t.gguf for t in GLOBAL_TENSORS_FIRST + GLOBAL_TENSORS_LAST}
+TENSOR_MAP_LAYER = {t.hf: t.gguf for t in LAYER_TENSORS}
+
+
+def dims(shape: tuple[str, ...], symbols: dict[str, int]) -> tuple[int, ...]:
+    """A TensorSpec shape in numbers: ("H*D", "d") -> (H*D, d)."""
+    out = []
+    for dim in shape:
+        n = 1
+        for f in dim.split("*"):
+            n *= int(f) if f.isdigit() else symbols[f]
+        out.append(n)
+    return tuple(out)
+
 
 # Tensor groups, used by inspect / sensitivity / recipes. Regexes over GGUF names.
 TENSOR_GROUPS: dict[str, str] = {
@@ -200,30 +233,30 @@ def tensor_group(gguf_name: str) -> str:
     return "other"
 
 
+def _template(name: str, prefix_re: str, prefix_tpl: str) -> tuple[str, str | None]:
+    """("model.layers.3.conv.weight") -> ("model.layers.{bid}.conv.weight", "3")."""
+    m = re.match(prefix_re, name)
+    return (prefix_tpl + m.group(2), m.group(1)) if m else (name, None)
+
+
+_HF_BY_TEMPLATE = {t.hf: t for t in GLOBAL_TENSORS_FIRST + LAYER_TENSORS + GLOBAL_TENSORS_LAST}
+_GGUF_BY_TEMPLATE = {t.gguf: t for t in GLOBAL_TENSORS_FIRST + LAYER_TENSORS + GLOBAL_TENSORS_LAST}
+
+
+def spec_for_hf(hf_name: str) -> TensorSpec | None:
+    """The table row of a non-expert HF tensor name, or None."""
+    return _HF_BY_TEMPLATE.get(_template(hf_name, r"^model\.layers\.(\d+)\.(.*)$", "model.layers.{bid}.")[0])
+
+
 def hf_to_gguf_name(hf_name: str) -> str | None:
     """GGUF name of a non-expert HF tensor, or None if it is not one."""
-    if hf_name in TENSOR_MAP_GLOBAL:
-        return TENSOR_MAP_GLOBAL[hf_name]
-    m = re.match(r"^model\.layers\.(\d+)\.(.*)$", hf_name)
-    if not m:
-        return None
-    bid, rest = m.group(1), m.group(2)
-    for hf, gg in TENSOR_MAP_LAYER.items():
-        if hf == "model.layers.{bid}." + rest:
-            return gg.format(bid=bid)
-    return None
+    tpl, bid = _template(hf_name, r"^model\.layers\.(\d+)\.(.*)$", "model.layers.{bid}.")
+    spec = _HF_BY_TEMPLATE.get(tpl)
+    return spec.gguf.format(bid=bid) if spec else None
 
 
 def gguf_to_hf_name(gguf_name: str) -> str | None:
     """Inverse of hf_to_gguf_name for non-expert tensors."""
-    for hf, gg in TENSOR_MAP_GLOBAL.items():
-        if gg == gguf_name:
-            return hf
-    m = re.match(r"^blk\.(\d+)\.(.*)$", gguf_name)
-    if not m:
-        return None
-    bid, rest = m.group(1), m.group(2)
-    for hf, gg in TENSOR_MAP_LAYER.items():
-        if gg == "blk.{bid}." + rest:
-            return hf.format(bid=bid)
-    return None
+    tpl, bid = _template(gguf_name, r"^blk\.(\d+)\.(.*)$", "blk.{bid}.")
+    spec = _GGUF_BY_TEMPLATE.get(tpl)
+    return spec.hf.format(bid=bid) if spec else None

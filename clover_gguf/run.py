@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from .generate import GenerationConfig, GenerationResult, TorchBackend, generate
+from .util import DEFAULT_MODEL
+from .reference.generate import GenerationConfig, GenerationResult, TorchBackend, generate
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "clover-tiny"
 
 
 @dataclass
@@ -65,7 +65,7 @@ def run(model: str | Path = DEFAULT_MODEL, prompt: str | None = None, prompt_ids
         completion = rt.detokenize(res.tokens) if prompt_ids is None else None
         return RunOutput(completion, ids, res, "llama.cpp")
 
-    from .model import CloverModel
+    from .reference.model import CloverModel
     if threads:
         torch.set_num_threads(threads)
     m = CloverModel.from_pretrained(model, dtype=getattr(torch, dtype))

@@ -132,7 +132,7 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE,
     ``texts`` is given; write tokenizer.json + tokenizer_config.json to ``out_dir``.
     ``vocab_size`` counts the 6 special tokens and the 256 byte symbols."""
     if texts is None:
-        from .data import read_corpus, train_files
+        from .train.data import read_corpus, train_files
         texts = read_corpus(train_files())
     texts = list(texts)
     t0 = time.time()

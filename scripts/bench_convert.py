@@ -56,8 +56,8 @@ sys.path.insert(0, str(REPO))
 from clover_gguf.checkpoint import Checkpoint  # noqa: E402
 from clover_gguf.config import preset  # noqa: E402
 from clover_gguf.constants import GGUF_EXPERT_NAME  # noqa: E402
-from clover_gguf.imatrix import write_imatrix  # noqa: E402
-from clover_gguf.synth import write_synthetic  # noqa: E402
+from clover_gguf.convert.imatrix import write_imatrix  # noqa: E402
+from clover_gguf.gguf_io.synth import write_synthetic  # noqa: E402
 
 QWEN_TENSORS = re.compile(
     r"^(model\.embed_tokens\.weight|lm_head\.weight|model\.norm\.weight|"
@@ -330,9 +330,9 @@ def quality(model_dir: str, work: str, n_tokens: int = 8192, seq_len: int = 512)
     """Acceptance figures: the PyTorch reference on weights dequantized from each GGUF vs on
     the source (BF16) weights, on held-out stdlib text (clover_gguf.data): mean KL and top-1
     agreement of the denoising logits (half the tokens of each block masked)."""
-    from clover_gguf.convert import convert
-    from clover_gguf.data import heldout_files, read_corpus
-    from clover_gguf.gguf_reader import logit_agreement
+    from clover_gguf.convert.converter import convert
+    from clover_gguf.train.data import heldout_files, read_corpus
+    from clover_gguf.gguf_io.reader import logit_agreement
     from clover_gguf.tokenizer import CloverTokenizer
 
     tok = CloverTokenizer.from_dir(model_dir)

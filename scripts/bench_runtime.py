@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from clover_gguf.generate import GenerationConfig, TorchBackend, generate  # noqa: E402
+from clover_gguf.reference.generate import GenerationConfig, TorchBackend, generate  # noqa: E402
 
 
 def log(*a):
@@ -37,7 +37,7 @@ def log(*a):
 
 
 def convert_once(model_dir: Path, out: Path, **kw) -> Path:
-    from clover_gguf.convert import convert
+    from clover_gguf.convert.converter import convert
 
     if out.exists():
         return out
@@ -72,7 +72,7 @@ def bench_runtime(gguf: Path, prompt, cfg, threads: int, reps: int):
 
 
 def bench_reference(model_dir: Path, prompt, cfg, threads: int, dtype, reps: int):
-    from clover_gguf.model import CloverModel
+    from clover_gguf.reference.model import CloverModel
 
     torch.set_num_threads(threads)
     model = CloverModel.from_pretrained(model_dir, dtype=dtype).eval()
@@ -122,7 +122,7 @@ def main(argv=None):
             log(f"{a.tiny}: no checkpoint, clover-tiny skipped")
     if not a.skip_synth:
         from clover_gguf.config import preset
-        from clover_gguf.synth import write_synthetic
+        from clover_gguf.gguf_io.synth import write_synthetic
 
         sd = a.work / "synth-35b-a3b-2l"
         if not (sd / "config.json").exists():

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from clover_gguf import train as T  # noqa: E402
+from clover_gguf.train import trainer as T  # noqa: E402
 from clover_gguf.config import preset  # noqa: E402
 
 PROMPTS = [
@@ -138,7 +138,7 @@ def bench(a) -> None:
 
 
 def load_data(a, c):
-    from clover_gguf import data
+    from clover_gguf.train import data
     from clover_gguf.tokenizer import CloverTokenizer
     tok = CloverTokenizer.from_dir(a.out)
     if tok.vocab_size != c.vocab_size:
@@ -204,7 +204,7 @@ def compact_log(log: dict, max_points: int = 600) -> dict:
 def completions(model, tok, block_size: int = 16, max_new_tokens: int = 48) -> list[dict]:
     """Greedy completions with the `steps` schedule, one token per step (steps = B)."""
     try:
-        from clover_gguf.generate import GenerationConfig, TorchBackend, generate
+        from clover_gguf.reference.generate import GenerationConfig, TorchBackend, generate
     except ImportError as e:
         log_print(f"clover_gguf.generate not available ({e}); skipping completions")
         return []
@@ -224,8 +224,8 @@ def completions(model, tok, block_size: int = 16, max_new_tokens: int = 48) -> l
 
 
 def final_eval(a, tok, train_ids, held_ids, info, log) -> dict:
-    from clover_gguf import data
-    from clover_gguf.model import CloverModel
+    from clover_gguf.train import data
+    from clover_gguf.reference.model import CloverModel
     torch.set_num_threads(a.threads)
     model = CloverModel.from_pretrained(a.out, dtype=torch.float32)   # the saved BF16 weights
     t0 = time.time()
@@ -292,7 +292,7 @@ def write_model_card(out: Path, log: dict) -> Path:
         "",
         f"The `*.py` files of the Python {d.get('python_version', '?')} standard library (test directories "
         "excluded; see `clover_gguf/data.py`). Held out: whole top-level modules, about 5 % of the bytes, listed "
-        "in `eval/heldout-stdlib.json`; neither the tokenizer nor the model saw them.",
+        "in `evaldata/heldout-stdlib.json`; neither the tokenizer nor the model saw them.",
         "",
         f"- train: {d.get('train_files', '?')} files, {d.get('train_tokens', 0):,} tokens",
         f"- held-out: {d.get('heldout_files', '?')} files ({', '.join(d.get('heldout_modules', []))}), "
@@ -430,7 +430,7 @@ def main(argv=None) -> int:
         log_print(f"saved {out / 'model.safetensors'} after {log['step']} steps, {log['tokens']} tokens, "
                   f"{log['elapsed_s'] / 60:.1f} min")
     if a.eval_only and a.completions_only and log.get("final"):
-        from clover_gguf.model import CloverModel
+        from clover_gguf.reference.model import CloverModel
         torch.set_num_threads(a.threads)
         log["final"]["completions"] = completions(CloverModel.from_pretrained(a.out), tok, 16)
         for cpl in log["final"]["completions"]:

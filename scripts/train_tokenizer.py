@@ -3,7 +3,7 @@
 held-out corpora and report token counts and unigram baselines.
 
     python scripts/train_tokenizer.py                      # train + stats
-    python scripts/train_tokenizer.py --write-manifest     # (re)make eval/heldout-stdlib.json first
+    python scripts/train_tokenizer.py --write-manifest     # (re)make evaldata/heldout-stdlib.json first
     python scripts/train_tokenizer.py --no-train           # stats with the saved tokenizer
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from clover_gguf import data  # noqa: E402
+from clover_gguf.train import data  # noqa: E402
 from clover_gguf.tokenizer import CloverTokenizer, train_tokenizer  # noqa: E402
 
 
@@ -27,11 +27,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "models" / "clover-tiny"))
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--write-manifest", action="store_true",
-                    help="rewrite eval/heldout-stdlib.json from the installed stdlib")
+                    help="rewrite evaldata/heldout-stdlib.json from the installed stdlib")
     ap.add_argument("--no-train", action="store_true", help="use the tokenizer already in --out")
     ap.add_argument("--no-stats", action="store_true")
     ap.add_argument("--cache-dir", default=str(REPO / ".cache" / "tokens"))
-    ap.add_argument("--stats-json", default=str(REPO / "eval" / "tokenizer-stats.json"))
+    ap.add_argument("--stats-json", default=str(REPO / "evaldata" / "tokenizer-stats.json"))
     a = ap.parse_args(argv)
 
     if a.write_manifest:

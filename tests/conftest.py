@@ -3,8 +3,9 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"  # shared/ lies beside the checkout
-VECTORS = SHARED / "spec" / "vectors"
+# The spec's test vectors, computed by an implementation written apart from this project
+# (see tests/data/spec-vectors/README.md).
+VECTORS = Path(__file__).resolve().parent / "data" / "spec-vectors"
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "models" / "clover-tiny"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clover_gguf import data
+from clover_gguf.train import data
 from clover_gguf.tokenizer import (CHAT_TEMPLATE, SPECIAL_TOKENS, TOKEN_CONTROL, TOKEN_NORMAL,
                                    TOKEN_USER_DEFINED, CloverTokenizer)
 

@@ -17,18 +17,11 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from ..util import default_threads, sha256_file
 
 import torch
 
 PROVIDERS = ("reference-bf16", "reference-dequant", "runtime")
-
-
-def sha256_file(path, limit: int | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def model_dir_hash(model_dir) -> str:
@@ -42,14 +35,14 @@ def model_dir_hash(model_dir) -> str:
 
 
 def load_reference(model_dir):
-    from ..model import CloverModel
+    from ..reference.model import CloverModel
     return CloverModel.from_pretrained(model_dir, dtype=torch.float32)
 
 
 def load_dequantized(gguf_path):
     """(model, config) of the PyTorch reference on a GGUF's dequantized weights."""
-    from ..gguf_reader import load_gguf_as_hf_tensors
-    from ..model import CloverModel
+    from ..gguf_io.reader import load_gguf_as_hf_tensors
+    from ..reference.model import CloverModel
     cfg, tensors = load_gguf_as_hf_tensors(gguf_path)
     return CloverModel.from_tensors(cfg, tensors, torch.float32)
 
@@ -76,21 +69,6 @@ def open_runtime(gguf_path, n_threads: int | None = None, n_gpu_layers: int = 0,
         return CloverRuntime(str(gguf_path), n_threads=n_threads or default_threads(), n_gpu_layers=n_gpu_layers)
 
 
-def default_threads() -> int:
-    """$CLOVER_EVAL_THREADS, else every core -- or 1 when the machine is already busy (load
-    average above the core count): torch's OpenMP and ggml's thread pools spin-wait for
-    their workers, and on an oversubscribed CPU a descheduled worker stalls every op
-    (measured here: a 16-token block step 24 ms with 1 thread vs 1.4 s with 2)."""
-    env = int(os.environ.get("CLOVER_EVAL_THREADS", "0") or 0)
-    cores = os.cpu_count() or 1
-    if env > 0:
-        return env
-    try:
-        if os.getloadavg()[0] > cores:
-            return 1
-    except OSError:
-        pass
-    return cores
 
 
 class TorchProvider:
@@ -117,7 +95,7 @@ class GenerationTorch:
         self.model = model
 
     def __call__(self):
-        from ..generate import TorchBackend
+        from ..reference.generate import TorchBackend
         return TorchBackend(self.model)
 
 

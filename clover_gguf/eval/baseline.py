@@ -33,7 +33,7 @@ STAGES = ("files", "quality", "sensitivity", "speed", "bundle")
 
 
 def make_files(reference, work_dir, files=BASELINE_FILES, log=print) -> list[tuple[str, Path, dict]]:
-    from ..convert import convert
+    from ..convert.converter import convert
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     out = []

@@ -28,7 +28,7 @@ def _sample_options(f):
     opts = [
         click.option("--corpus", "corpus", multiple=True, type=click.Path(exists=True, dir_okay=False),
                      help="Text files or JSONL ({\"text\": ...} per line); default: the held-out stdlib "
-                          "modules (eval/heldout-stdlib.json)."),
+                          "modules (evaldata/heldout-stdlib.json)."),
         click.option("--windows", "n_windows", default=6, show_default=True, help="Windows sampled from the corpus."),
         click.option("--blocks", "n_blocks", default=64, show_default=True, help="Blocks per window (max history + 1)."),
         click.option("--block-size", type=int, default=None, help="Block size (default: the model's)."),
@@ -58,7 +58,7 @@ def eval_group():
               show_default=True, help="reference = PyTorch on dequantized weights; runtime = patched llama.cpp; "
                                       "auto = both when the runtime is built.")
 @click.option("--prompts", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Prompt set (JSONL) for the generation agreement (default eval/prompts/clover-tiny-code.jsonl).")
+              help="Prompt set (JSONL) for the generation agreement (default evaldata/prompts/clover-tiny-code.jsonl).")
 @click.option("--n-prompts", type=int, default=None, help="Use the first N prompts of the prompt set.")
 @click.option("--max-new-tokens", default=64, show_default=True)
 @click.option("--steps", "gen_steps", type=int, default=None, help="steps schedule (default block_size/2).")
@@ -141,7 +141,7 @@ def sensitivity_cmd(reference, qtype, base, groups, corpus, n_windows, n_blocks,
 
 @eval_group.command("baseline")
 @click.option("--reference", required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="eval/baseline/clover-tiny", show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="evaldata/baseline/clover-tiny", show_default=True)
 @click.option("--work", "work_dir", type=click.Path(file_okay=False), default="out/eval/baseline-work", show_default=True,
               help="Where the GGUFs and the reference-logit cache go (not committed).")
 @click.option("--windows", "n_windows", default=6, show_default=True)

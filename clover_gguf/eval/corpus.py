@@ -73,8 +73,8 @@ def read_texts(paths) -> list[tuple[str, str]]:
 
 
 def default_corpus_files() -> tuple[list[Path], str]:
-    """clover-tiny's held-out stdlib files and a description (eval/heldout-stdlib.json)."""
-    from ..data import HELDOUT_MANIFEST, heldout_files
+    """clover-tiny's held-out stdlib files and a description (evaldata/heldout-stdlib.json)."""
+    from ..train.data import HELDOUT_MANIFEST, heldout_files
     return heldout_files(), f"held-out stdlib modules ({HELDOUT_MANIFEST.relative_to(HELDOUT_MANIFEST.parents[1])})"
 
 

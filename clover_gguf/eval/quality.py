@@ -29,9 +29,9 @@ from .corpus import (DEFAULT_RATIOS, DEFAULT_SEED, Document, SampleSet, build_sa
                      identifier_predicate, load_corpus, probe_bin)
 from .metrics import CompactLogits, agreement, compact, kl_full, position_metrics, summarize
 from .sysinfo import environment, gguf_file_info
+from ..util import EVALDATA, default_threads
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_PROMPTS = REPO_ROOT / "eval" / "prompts" / "clover-tiny-code.jsonl"
+DEFAULT_PROMPTS = EVALDATA / "prompts" / "clover-tiny-code.jsonl"
 DEFAULT_TOP_K = "auto"
 SCHEMA = "clover-gguf-eval/1"
 
@@ -167,7 +167,7 @@ def schedules(block_size: int, steps: int | None = None, threshold: float = 0.9)
 def run_generation(gen_fn, prompts, cfg_base: dict, scheds: dict) -> dict:
     """gen_fn(prompt_ids, GenerationConfig) -> GenerationResult, for each prompt and schedule:
     {schedule: {"tokens": [[...]], "steps_per_block", "tokens_per_step", "seconds"}}"""
-    from ..generate import GenerationConfig
+    from ..reference.generate import GenerationConfig
     res = {}
     for name, s in scheds.items():
         toks, steps, nblk, ntok, t0 = [], 0, 0, 0, time.perf_counter()
@@ -187,7 +187,7 @@ def run_generation(gen_fn, prompts, cfg_base: dict, scheds: dict) -> dict:
 
 def _gen_backend_torch(model):
     """The Python generation loop (generate.generate) on the PyTorch model."""
-    from ..generate import TorchBackend, generate
+    from ..reference.generate import TorchBackend, generate
     return lambda prompt, cfg: generate(TorchBackend(model), prompt, cfg)
 
 
@@ -206,7 +206,7 @@ def run_quality(reference, ggufs, corpus=None, backend: str = "auto", out_dir=No
     """Compare GGUFs with the reference; returns the run dict and writes ``quality.json`` and
     ``reference-logits.npz`` under ``out_dir`` (when given). See the module docstring."""
     t_start = time.perf_counter()
-    threads = threads or bk.default_threads()
+    threads = threads or default_threads()
     torch.set_num_threads(threads)
     reference = Path(reference)
     ggufs = [Path(g) for g in ggufs]

@@ -38,7 +38,7 @@ def run_sensitivity(reference, out_dir, groups=DEFAULT_GROUPS, qtype: str = DEFA
                     work_dir=None, keep: bool = False, log=print, **quality_kw) -> dict:
     """Convert one file per group, score them, return the sensitivity run (also written to
     ``out_dir/sensitivity.json``). quality_kw go to run_quality (corpus, n_windows, ...)."""
-    from ..convert import convert
+    from ..convert.converter import convert
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..util import REPO_ROOT
 from .metrics import spread
 
 SWEEP_PARAMS = ("block_size", "threshold", "steps", "prompt_len", "max_new_tokens")
@@ -81,7 +82,7 @@ def _load(backend: str, path: str, threads: int, max_block: int | None = None, n
 
 
 def _one_run(backend: str, obj, prompt: list[int], cfg) -> dict:
-    from ..generate import TorchBackend, generate
+    from ..reference.generate import TorchBackend, generate
     t0 = time.perf_counter()
     if backend == "runtime":
         if hasattr(obj, "generate"):
@@ -108,7 +109,7 @@ def _one_run(backend: str, obj, prompt: list[int], cfg) -> dict:
 
 
 def _measure(backend, obj, conf: dict, prompt_ids, runs: int, warmup: int, mask_id: int) -> dict:
-    from ..generate import GenerationConfig
+    from ..reference.generate import GenerationConfig
     P = int(conf["prompt_len"])
     prompt = list(prompt_ids[:P])
     if len(prompt) < P:
@@ -178,7 +179,7 @@ def _spawn(spec: dict, timeout: float) -> dict:
         p = f.name
     try:
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(REPO_ROOT)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         r = subprocess.run([sys.executable, "-m", "clover_gguf.eval.speed", "--worker", p], capture_output=True,
                            text=True, timeout=timeout, env=env)
@@ -194,7 +195,7 @@ def prompt_ids_for(reference=None, n: int = 4096, vocab_size: int | None = None,
     deterministic pseudo-random ids."""
     if reference and (Path(reference) / "tokenizer.json").is_file():
         try:
-            from ..data import heldout_files
+            from ..train.data import heldout_files
             from ..tokenizer import CloverTokenizer
             tok = CloverTokenizer.from_dir(reference)
             ids = []
@@ -220,7 +221,8 @@ def run_speed(ggufs, reference=None, backends=("auto",), runs: int = 5, warmup: 
               base: dict | None = None, sweeps: dict | None = None, out_dir=None, timeout: float = 3600,
               cold_runs: int | None = None, names=None, runtime_threads: int | None = None,
               sweep_reference: bool = True, n_gpu_layers: int = 0, log=print) -> dict:
-    from .backends import default_threads, model_dir_hash, runtime_status
+    from ..util import default_threads
+    from .backends import model_dir_hash, runtime_status
     from .sysinfo import environment, gguf_file_info
     threads = threads or default_threads()
     base = {**DEFAULT_BASE, **(base or {})}

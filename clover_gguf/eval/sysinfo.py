@@ -80,7 +80,7 @@ def _dist_version(name):
 
 
 def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[2]
+    from ..util import REPO_ROOT as root
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
@@ -139,7 +139,7 @@ def gguf_file_info(path) -> dict:
     """Size, sha256, tensor types by group, bpw and the converter's recipe key of a GGUF."""
     from gguf import GGUFReader
     from ..constants import Keys, tensor_group
-    from .backends import sha256_file
+    from ..util import sha256_file
     path = Path(path)
     r = GGUFReader(str(path))
     by_group: dict[str, dict[str, int]] = {}

@@ -31,6 +31,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from ..util import REPO_ROOT, sha256_file
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
@@ -42,7 +43,6 @@ CLOVER_SYMBOLS = ("clover_gen_default_params", "clover_reset", "clover_commit",
                   "clover_block_logits", "clover_generate", "clover_get_state")
 STAMP_VERSION = 1
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PATCH_DIR = REPO_ROOT / "patches"
 
 
@@ -96,14 +96,6 @@ def installed_llama_cpp_lib_dir() -> Path | None:
 
 def _log(msg: str) -> None:
     print(f"[build-runtime] {msg}", flush=True)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def patch_series(patch_dir: Path = PATCH_DIR) -> list[Path]:

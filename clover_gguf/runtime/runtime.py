@@ -22,20 +22,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..generate import BlockStats, GenerationConfig, GenerationResult
+from ..reference.generate import BlockStats, GenerationConfig, GenerationResult
 from . import bindings as B
 from .bindings import RuntimeNotBuilt  # noqa: F401  (re-exported)
+from ..util import default_threads
 
 
 class RuntimeError_(RuntimeError):
     """A clover_* call failed."""
-
-
-def _default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 class CloverRuntime:
@@ -63,7 +57,7 @@ class CloverRuntime:
         self.mask_token_id = lc.llama_vocab_mask(self.vocab)
         eos = lc.llama_vocab_eos(self.vocab)
         self.eos_token_id = eos if eos >= 0 else None
-        self.n_threads = int(n_threads or _default_threads())
+        self.n_threads = int(n_threads or default_threads())
         # clover.h: n_seq_max = 1, n_ubatch >= B (a multiple of B folds several prompt blocks
         # per graph), n_batch >= n_ubatch, n_ctx >= n_ubatch.
         ub = int(n_ubatch or max(256, self.default_block_size))

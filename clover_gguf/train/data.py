@@ -1,0 +1,288 @@
+"""clover-tiny's corpus: the Python standard library shipped with the interpreter.
+
+Corpus = every ``*.py`` file under ``sysconfig.get_paths()['stdlib']``, except test code
+(any path component ``test``, ``tests`` or ``idle_test`` -- this covers ``test/``,
+``idlelib/idle_test``, ``lib2to3/tests``, ``ctypes/test``, ``unittest/test``, ...),
+``site-packages`` and files larger than 1 MB. Files are ordered by their relative POSIX
+path, so every machine with the same Python (3.11.7 here and in CI) sees the same corpus.
+
+Held-out set: whole top-level modules/packages, about 5 % of the corpus bytes, listed in
+``evaldata/heldout-stdlib.json`` (relative paths, byte counts, total, fraction, Python
+version). Training -- the tokenizer and the model -- never sees them. The manifest is the
+source of truth; :func:`select_heldout_units` is the deterministic rule that produced it
+(``python scripts/train_tokenizer.py --write-manifest`` rewrites it). Loading checks the
+manifest against the installed stdlib and raises :class:`CorpusError` naming what differs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import sys
+import sysconfig
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..util import EVALDATA
+
+HELDOUT_MANIFEST = EVALDATA / "heldout-stdlib.json"
+
+MAX_FILE_BYTES = 1_000_000
+EXCLUDED_DIR_NAMES = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
+
+# Held-out selection rule (see select_heldout_units).
+HELDOUT_TARGET_FRACTION = 0.05
+HELDOUT_TOLERANCE = 0.0025          # accept a selection within 5 % +- 0.25 %
+HELDOUT_MAX_UNIT_FRACTION = 0.01    # no single unit above 1 % of the corpus (keeps it a mix)
+HELDOUT_SALT = "clover-heldout-v1"
+# Mostly data, not code: never held out (they stay in training).
+HELDOUT_NEVER = frozenset({"encodings", "pydoc_data", "idlelib", "turtledemo", "this"})
+
+
+class CorpusError(RuntimeError):
+    pass
+
+
+# --- files -----------------------------------------------------------------------------
+
+def stdlib_root() -> Path:
+    """The standard library directory of the running interpreter."""
+    return Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def python_version() -> str:
+    return ".".join(map(str, sys.version_info[:3]))
+
+
+def rel(path: Path, root: Path | None = None) -> str:
+    """Relative POSIX path of a corpus file (its name in the manifest)."""
+    return Path(path).resolve().relative_to(root or stdlib_root()).as_posix()
+
+
+def unit_of(relpath: str) -> str:
+    """Top-level module/package a relative path belongs to ("email/mime/text.py" -> "email",
+    "difflib.py" -> "difflib")."""
+    first, _, rest = relpath.partition("/")
+    return first if rest else first.removesuffix(".py")
+
+
+def corpus_files(root: Path | None = None) -> list[Path]:
+    """All corpus files (train + held-out), sorted by relative path."""
+    root = Path(root) if root else stdlib_root()
+    if not root.is_dir():
+        raise CorpusError(f"stdlib directory not found: {root}")
+    return list(_corpus_files(str(root)))
+
+
+@functools.lru_cache(maxsize=4)
+def _corpus_files(root: str) -> tuple[Path, ...]:
+    out = []
+    for d, dirs, names in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in EXCLUDED_DIR_NAMES]
+        for n in names:
+            if not n.endswith(".py"):
+                continue
+            p = Path(d, n)
+            if p.is_file() and p.stat().st_size <= MAX_FILE_BYTES:
+                out.append((p.relative_to(root).as_posix(), p))
+    out.sort(key=lambda t: t[0])
+    return tuple(p for _, p in out)
+
+
+def select_heldout_units(sizes: dict[str, int]) -> list[str]:
+    """The deterministic rule behind the manifest.
+
+    ``sizes``: relative path -> bytes for the whole corpus. Units (top-level modules and
+    packages) that are at most 1 % of the corpus and not data-like (HELDOUT_NEVER) are taken
+    in the order of sha256(salt + name); a unit is added unless it would push the total past
+    5.25 %, and the walk stops at >= 4.75 %.
+    """
+    total = sum(sizes.values())
+    units: dict[str, int] = {}
+    for r, n in sizes.items():
+        units[unit_of(r)] = units.get(unit_of(r), 0) + n
+    cands = [u for u, n in units.items()
+             if u not in HELDOUT_NEVER and n <= HELDOUT_MAX_UNIT_FRACTION * total]
+    cands.sort(key=lambda u: hashlib.sha256(f"{HELDOUT_SALT}:{u}".encode()).hexdigest())
+    lo = (HELDOUT_TARGET_FRACTION - HELDOUT_TOLERANCE) * total
+    hi = (HELDOUT_TARGET_FRACTION + HELDOUT_TOLERANCE) * total
+    chosen, acc = [], 0
+    for u in cands:
+        if acc >= lo:
+            break
+        if acc + units[u] <= hi:
+            chosen.append(u)
+            acc += units[u]
+    return sorted(chosen)
+
+
+def build_heldout_manifest(root: Path | None = None) -> dict:
+    root = Path(root) if root else stdlib_root()
+    files = corpus_files(root)
+    sizes = {rel(p, root): p.stat().st_size for p in files}
+    units = select_heldout_units(sizes)
+    held = {r: n for r, n in sizes.items() if unit_of(r) in units}
+    total = sum(sizes.values())
+    held_bytes = sum(held.values())
+    return {
+        "description": "clover-tiny held-out stdlib modules: never used to train the tokenizer "
+                       "or the model. Paths are relative to sysconfig.get_paths()['stdlib'].",
+        "python_version": python_version(),
+        "rule": {"salt": HELDOUT_SALT, "target_fraction": HELDOUT_TARGET_FRACTION,
+                 "tolerance": HELDOUT_TOLERANCE, "max_unit_fraction": HELDOUT_MAX_UNIT_FRACTION,
+                 "never": sorted(HELDOUT_NEVER),
+                 "corpus": "*.py under stdlib, excluding dirs " + ", ".join(sorted(EXCLUDED_DIR_NAMES))
+                           + f" and files > {MAX_FILE_BYTES} bytes"},
+        "modules": units,
+        "files": [{"path": r, "bytes": n} for r, n in sorted(held.items())],
+        "heldout_bytes": held_bytes,
+        "corpus_bytes": total,
+        "corpus_files": len(sizes),
+        "fraction": round(held_bytes / total, 6),
+    }
+
+
+def write_heldout_manifest(path: Path = HELDOUT_MANIFEST, root: Path | None = None) -> dict:
+    m = build_heldout_manifest(root)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(m, indent=1) + "\n")
+    return m
+
+
+def load_heldout_manifest(path: Path = HELDOUT_MANIFEST, root: Path | None = None,
+                          check: bool = True) -> dict:
+    """Read the manifest; with ``check``, verify every listed file exists with its byte count
+    and that the held-out modules have no files the manifest does not list."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"held-out manifest not found: {path} "
+                          "(python scripts/train_tokenizer.py --write-manifest creates it)")
+    m = json.loads(path.read_text())
+    if not check:
+        return m
+    root = Path(root) if root else stdlib_root()
+    where = (f"(manifest {path} was made from Python {m.get('python_version')}; "
+             f"this is Python {python_version()} with stdlib {root})")
+    problems = []
+    for f in m["files"]:
+        p = root / f["path"]
+        if not p.is_file():
+            problems.append(f"missing held-out file: {f['path']}")
+        elif p.stat().st_size != f["bytes"]:
+            problems.append(f"held-out file {f['path']}: {p.stat().st_size} bytes, "
+                            f"manifest says {f['bytes']}")
+    listed = {f["path"] for f in m["files"]}
+    units = set(m["modules"])
+    extra = [rel(p, root) for p in corpus_files(root)
+             if unit_of(rel(p, root)) in units and rel(p, root) not in listed]
+    problems += [f"file of held-out module not in manifest: {r}" for r in extra]
+    if problems:
+        raise CorpusError("held-out manifest does not match this stdlib " + where + ":\n  "
+                          + "\n  ".join(problems[:20])
+                          + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""))
+    return m
+
+
+def heldout_files(manifest: Path = HELDOUT_MANIFEST, root: Path | None = None) -> list[Path]:
+    """Held-out files (absolute paths), in manifest (sorted relative path) order."""
+    root = Path(root) if root else stdlib_root()
+    m = load_heldout_manifest(manifest, root)
+    return [root / f["path"] for f in m["files"]]
+
+
+def train_files(manifest: Path = HELDOUT_MANIFEST, root: Path | None = None) -> list[Path]:
+    """Corpus files minus every file of a held-out module, sorted by relative path."""
+    root = Path(root) if root else stdlib_root()
+    units = set(load_heldout_manifest(manifest, root)["modules"])
+    return [p for p in corpus_files(root) if unit_of(rel(p, root)) not in units]
+
+
+def read_corpus(files: Sequence[Path]) -> list[str]:
+    """One string per file (UTF-8; the 3.11 stdlib is all UTF-8)."""
+    out = []
+    for p in files:
+        try:
+            out.append(Path(p).read_text(encoding="utf-8"))
+        except FileNotFoundError as e:
+            raise CorpusError(f"corpus file missing: {p}") from e
+    return out
+
+
+# --- token streams ---------------------------------------------------------------------
+
+def _stream_key(tokenizer, files: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    h.update(tokenizer.fingerprint().encode())
+    for p in files:
+        p = Path(p)
+        h.update(f"{p}\0{p.stat().st_size}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def encode_files(tokenizer, files: Sequence[Path], cache_dir: Path | None = None,
+                 name: str = "corpus") -> np.ndarray:
+    """Token stream of ``files`` as int32: each file encoded on its own, ``<|endoftext|>``
+    (tokenizer.eos_id) between consecutive files. With ``cache_dir`` the array is cached as
+    ``{cache_dir}/{name}-{key}.npy``, key = hash(tokenizer.json, paths, sizes)."""
+    path = None
+    if cache_dir is not None:
+        cache_dir = Path(cache_dir)
+        path = cache_dir / f"{name}-{_stream_key(tokenizer, files)}.npy"
+        if path.is_file():
+            return np.load(path)
+    texts = read_corpus(files)
+    parts: list[np.ndarray] = []
+    sep = np.array([tokenizer.eos_id], dtype=np.int32)
+    for i, ids in enumerate(tokenizer.encode_batch(texts)):
+        if i:
+            parts.append(sep)
+        parts.append(np.asarray(ids, dtype=np.int32))
+    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    if path is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+        np.save(tmp, arr)
+        os.replace(tmp, path)
+    return arr
+
+
+def train_tokens(tokenizer, cache_dir: Path | None = None) -> np.ndarray:
+    return encode_files(tokenizer, train_files(), cache_dir, "train")
+
+
+def heldout_tokens(tokenizer, cache_dir: Path | None = None) -> np.ndarray:
+    return encode_files(tokenizer, heldout_files(), cache_dir, "heldout")
+
+
+# --- baselines -------------------------------------------------------------------------
+
+def unigram_entropy_bits(train_ids, heldout_ids, vocab_size: int | None = None) -> dict:
+    """Unigram baselines in bits/token.
+
+    ``cross_entropy``: held-out tokens scored under the train-set unigram distribution with
+    add-one smoothing over the vocabulary, p(w) = (c_train(w) + 1) / (N_train + V) -- the
+    loss a model that ignores context would get on held-out text; ``heldout_entropy``: the
+    empirical entropy of the held-out tokens themselves (a lower bound for unigram models);
+    ``train_entropy``: the same for the train tokens. V = vocab_size, or max id + 1.
+    """
+    tr = np.asarray(train_ids, dtype=np.int64).ravel()
+    ho = np.asarray(heldout_ids, dtype=np.int64).ravel()
+    V = vocab_size or int(max(tr.max(initial=-1), ho.max(initial=-1)) + 1)
+    ct = np.bincount(tr, minlength=V).astype(np.float64)
+    ch = np.bincount(ho, minlength=V).astype(np.float64)
+    p_train = (ct + 1.0) / (ct.sum() + V)
+    cross = float(-(ch * np.log2(p_train)).sum() / max(ch.sum(), 1))
+
+    def ent(c):
+        p = c[c > 0] / c.sum()
+        return float(-(p * np.log2(p)).sum())
+
+    return {"cross_entropy": cross, "heldout_entropy": ent(ch), "train_entropy": ent(ct),
+            "vocab_size": V, "n_train": int(tr.size), "n_heldout": int(ho.size),
+            "nats_cross_entropy": cross * math.log(2)}

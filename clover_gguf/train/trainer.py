@@ -1,0 +1,489 @@
+"""Block-diffusion training for clover-tiny (spec section 6) and the held-out evaluation.
+
+Objective (Arriola et al., "Block Diffusion", ICLR 2025): a window of the token stream is
+cut into blocks; the clean blocks are committed layer-parallel (the model's chunked delta
+rule gives the memory state at each block start) and every noisy copy of a block, masked
+independently with probability t ~ U(eps, 1] drawn per block, is run against the clean
+state at its start. Loss = sum over masked positions of CE / t, divided by the number of
+real tokens (the NELBO per token, in nats).
+
+Batches: N sequences, each a window of the train stream laid out as nb blocks of B slots.
+Block 0 holds r ~ U{1..B} tokens followed by padding (so block boundaries fall at a random
+offset); block b > 0 holds tokens r + (b-1)B ... r + bB - 1; positions are contiguous from
+0 at the window start. B is drawn per batch (block_sizes / block_probs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..config import CloverConfig
+from ..reference.model import CloverModel
+
+LN2 = math.log(2.0)
+
+
+# --- initialisation ----------------------------------------------------------------------
+
+def init_weights(model: CloverModel, seed: int = 0, std: float = 0.02) -> CloverModel:
+    """Initialise every parameter of a freshly built CloverModel (deterministic for a seed).
+
+    Linears, embeddings, expert stacks: N(0, std); the residual-output projections (o_proj,
+    expert/shared down) scaled by 1/sqrt(2 n_layer) (GPT-2). Norms = 1. Memory gate like
+    Mamba2 / Gated DeltaNet: A_log = log U(1, 16), dt_bias = softplus^-1(dt), dt log-uniform
+    in [1e-3, 0.1]. Memory key N(0, std), calibration 1. Conv weight N(0, std), scale 1."""
+    g = torch.Generator().manual_seed(seed)
+    c = model.config
+    out_std = std / math.sqrt(2 * c.num_hidden_layers)
+
+    def normal_(p, s):
+        with torch.no_grad():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * s)
+
+    def fill_(p, v):
+        with torch.no_grad():
+            p.fill_(v)
+
+    normal_(model.model.embed_tokens.weight, std)
+    normal_(model.lm_head.weight, std)
+    fill_(model.model.norm.weight, 1.0)
+    for layer in model.layers:
+        a, m, mlp = layer.self_attn, layer.self_attn.memory, layer.mlp
+        fill_(layer.input_layernorm.weight, 1.0)
+        fill_(layer.post_attention_layernorm.weight, 1.0)
+        for lin in (a.q_proj, a.k_proj, a.v_proj):
+            normal_(lin.weight, std)
+        normal_(a.o_proj.weight, out_std)
+        fill_(a.q_norm.weight, 1.0)
+        fill_(a.k_norm.weight, 1.0)
+        normal_(m.a_proj.weight, std)
+        normal_(m.b_proj.weight, std)
+        with torch.no_grad():
+            Hkv = m.A_log.shape[0]
+            m.A_log.copy_(torch.log(torch.empty(Hkv).uniform_(1.0, 16.0, generator=g)))
+            lo, hi = math.log(1e-3), math.log(0.1)
+            dt = torch.exp(torch.empty(Hkv).uniform_(lo, hi, generator=g)).clamp(min=1e-4)
+            m.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        normal_(m.key, std)
+        fill_(m.calibration, 1.0)
+        normal_(layer.conv.weight, std)
+        fill_(layer.conv.scale, 1.0)
+        normal_(mlp.gate.weight, std)
+        gate, up = mlp.experts.gate_up_proj.chunk(2, dim=1)
+        normal_(gate, std)
+        normal_(up, std)
+        normal_(mlp.experts.down_proj, out_std)
+        normal_(mlp.shared_expert.gate_proj.weight, std)
+        normal_(mlp.shared_expert.up_proj.weight, std)
+        normal_(mlp.shared_expert.down_proj.weight, out_std)
+        normal_(mlp.shared_expert_gate.weight, std)
+    return model
+
+
+def new_model(config: CloverConfig, seed: int = 0) -> CloverModel:
+    torch.manual_seed(seed)
+    return init_weights(CloverModel(config), seed)
+
+
+# --- batches -----------------------------------------------------------------------------
+
+@dataclass
+class Batch:
+    clean: torch.Tensor    # [N, nb, B] int64
+    noisy: torch.Tensor    # [N, nb, B] int64 (mask_token_id at masked positions)
+    pos: torch.Tensor      # [N, nb, B] int64
+    valid: torch.Tensor    # [N, nb, B] bool
+    masked: torch.Tensor   # [N, nb, B] bool (masked and valid)
+    t: torch.Tensor        # [N, nb] float32, the mask probability of each block
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.valid.sum())
+
+
+def layout_windows(stream: torch.Tensor, starts: torch.Tensor, offsets: torch.Tensor, nb: int,
+                   B: int, pad_id: int):
+    """Clean blocks for windows of `stream` starting at `starts` [N] with first-block
+    lengths `offsets` [N] in [1, B]. Returns clean, pos, valid, each [N, nb, B]."""
+    N = starts.shape[0]
+    slot = torch.arange(nb * B).view(1, nb, B)                      # slot index
+    b = slot // B
+    j = slot % B
+    r = offsets.view(N, 1, 1)
+    # token index inside the window: block 0 -> j (valid if j < r); block b>0 -> r+(b-1)B+j
+    idx = torch.where(b == 0, j, r + (b - 1) * B + j)               # [N, nb, B]
+    valid = (b > 0) | (j < r)
+    src = (starts.view(N, 1, 1) + idx).clamp(max=stream.shape[0] - 1)
+    clean = torch.where(valid, stream[src], torch.full_like(src, pad_id))
+    pos = idx
+    return clean, pos, valid.expand(N, nb, B).contiguous()
+
+
+def apply_noise(clean: torch.Tensor, valid: torch.Tensor, t: torch.Tensor, mask_id: int,
+                gen: torch.Generator):
+    """Mask each valid token independently with its block's probability t [N, nb]."""
+    u = torch.rand(clean.shape, generator=gen)
+    masked = (u < t[..., None]) & valid
+    noisy = torch.where(masked, torch.full_like(clean, mask_id), clean)
+    return noisy, masked
+
+
+def sample_t(shape, eps: float, gen: torch.Generator, stratified: bool = True) -> torch.Tensor:
+    """t ~ U(eps, 1] per block; stratified over the batch (low-discrepancy, as MDLM) when
+    `stratified`: one uniform shift plus evenly spaced points, shuffled."""
+    n = int(np.prod(shape))
+    if stratified:
+        u = (torch.rand(1, generator=gen) + torch.arange(n) / n) % 1.0
+        u = u[torch.randperm(n, generator=gen)]
+    else:
+        u = torch.rand(n, generator=gen)
+    t = 1.0 - (1.0 - eps) * u   # u in [0,1) -> t in (eps, 1]
+    return t.view(shape).float()
+
+
+def sample_batch(stream: torch.Tensor, n_seq: int, B: int, n_blocks: int, gen: torch.Generator,
+                 mask_id: int, pad_id: int, eps: float = 1e-3, random_offset: bool = True) -> Batch:
+    """N windows of the stream, each r + (n_blocks-1)B tokens, r ~ U{1..B} per sequence."""
+    if random_offset:
+        r = torch.randint(1, B + 1, (n_seq,), generator=gen)
+    else:
+        r = torch.full((n_seq,), B)
+    need = int(r.max()) + (n_blocks - 1) * B
+    if stream.shape[0] < need + 1:
+        raise ValueError(f"token stream of {stream.shape[0]} tokens is shorter than a window ({need})")
+    starts = torch.randint(0, stream.shape[0] - need, (n_seq,), generator=gen)
+    clean, pos, valid = layout_windows(stream, starts, r, n_blocks, B, pad_id)
+    t = sample_t((n_seq, n_blocks), eps, gen)
+    noisy, masked = apply_noise(clean, valid, t, mask_id, gen)
+    return Batch(clean, noisy, pos, valid, masked, t)
+
+
+# --- loss ----------------------------------------------------------------------------------
+
+def nelbo_from_logits(logits_sel: torch.Tensor, batch: Batch):
+    """logits at the masked positions (in `batch.masked` order) -> (loss, masked CE sum).
+
+    loss = sum_masked CE(logits, clean) / t_block, divided by the number of real tokens."""
+    target = batch.clean[batch.masked]
+    w = (1.0 / batch.t)[..., None].expand_as(batch.masked)[batch.masked]
+    ce = F.cross_entropy(logits_sel.float(), target, reduction="none")
+    loss = (ce * w).sum() / max(batch.n_tokens, 1)
+    return loss, ce.detach()
+
+
+def diffusion_loss(model: CloverModel, batch: Batch, autocast: bool = False):
+    """NELBO of a batch (nats/token) and stats: unweighted masked CE mean (nats)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model.forward_train(batch.clean, batch.noisy, batch.pos, batch.valid, select=batch.masked)
+    loss, ce = nelbo_from_logits(logits, batch)
+    return loss, {"masked_ce": float(ce.mean()) if ce.numel() else float("nan"),
+                  "n_masked": int(ce.numel()), "n_tokens": batch.n_tokens}
+
+
+# --- held-out evaluation ---------------------------------------------------------------------
+
+@torch.no_grad()
+def evaluate_heldout(model: CloverModel, ids, block_size: int = 16, mask_ratio: float = 0.5,
+                     seq_blocks: int = 64, batch_size: int = 8, seed: int = 0,
+                     max_tokens: int | None = None, autocast: bool = False) -> dict:
+    """Masked-token loss on a held-out token stream, in bits/token.
+
+    The stream is cut into sequences of seq_blocks * block_size tokens (the last one padded
+    at the end); blocks start at position 0 of each sequence. In every block, round(L *
+    mask_ratio) (at least 1) of its L real tokens are masked (positions drawn with a fixed
+    seed); the noisy block is scored against the state of the clean earlier blocks (the
+    committed history). Returns bits/token = mean CE over all masked tokens / ln 2."""
+    was_training = model.training
+    model.eval()
+    ids = torch.as_tensor(np.asarray(ids), dtype=torch.long).flatten()
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    B, S = block_size, seq_blocks * block_size
+    n_seq = -(-ids.numel() // S)
+    padded = torch.full((n_seq * S,), model.config.pad_token_id, dtype=torch.long)
+    padded[: ids.numel()] = ids
+    valid_all = torch.zeros(n_seq * S, dtype=torch.bool)
+    valid_all[: ids.numel()] = True
+    clean_all = padded.view(n_seq, seq_blocks, B)
+    valid_all = valid_all.view(n_seq, seq_blocks, B)
+    gen = torch.Generator().manual_seed(seed)
+    # exactly round(L * ratio) masked per block, at random positions among the real tokens
+    score = torch.rand(clean_all.shape, generator=gen).masked_fill(~valid_all, 2.0)
+    rank = score.argsort(-1).argsort(-1)
+    L = valid_all.sum(-1, keepdim=True)
+    k = torch.where(L > 0, (L.float() * mask_ratio).round().clamp(min=1).long(), torch.zeros_like(L))
+    masked_all = (rank < k) & valid_all
+    pos_all = torch.arange(S).view(1, seq_blocks, B).expand(n_seq, -1, -1)
+    total, count = 0.0, 0
+    for s in range(0, n_seq, batch_size):
+        sl = slice(s, s + batch_size)
+        clean, valid, masked = clean_all[sl], valid_all[sl], masked_all[sl]
+        noisy = torch.where(masked, torch.full_like(clean, model.config.mask_token_id), clean)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            # the class method, not a compiled instance override (no compile for eval shapes)
+            logits = CloverModel.forward_train(model, clean, noisy, pos_all[sl], valid, select=masked)
+        ce = F.cross_entropy(logits.float(), clean[masked], reduction="sum")
+        total += float(ce)
+        count += int(masked.sum())
+    model.train(was_training)
+    nats = total / max(count, 1)
+    return {"bits_per_token": nats / LN2, "nats_per_token": nats, "n_masked": count,
+            "n_tokens": int(ids.numel()), "block_size": block_size, "mask_ratio": mask_ratio,
+            "seq_tokens": S, "seed": seed}
+
+
+# --- saving --------------------------------------------------------------------------------
+
+def save_hf(model: CloverModel, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """model.safetensors (HF names, per-expert layout, BF16) + config.json in out_dir."""
+    from safetensors.torch import save_file
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.to(dtype).contiguous() for k, v in model.hf_state_dict().items()}
+    tmp = out / "model.safetensors.tmp"
+    save_file(sd, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")
+    model.config.save(out / "config.json")
+    return out / "model.safetensors"
+
+
+# --- training loop -------------------------------------------------------------------------
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    lr: float = 2e-3
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    warmup_steps: int = 100
+    max_steps: int = 100000
+    time_budget_min: float | None = None     # the cosine follows max(step, time) progress
+    grad_clip: float = 1.0
+    tokens_per_batch: int = 4096            # real tokens, about
+    seq_tokens: int = 256                   # tokens per window, about (n_blocks = seq/B + 1)
+    block_sizes: tuple = (16, 32, 8)
+    block_probs: tuple = (0.45, 0.45, 0.10)
+    eps: float = 1e-3
+    precision: str = "bf16"                 # "bf16" (bf16 weights + fp32 master), "autocast", "fp32"
+    compile: bool = False                   # torch.compile the training forward
+    threads: int = 2
+    log_every: int = 10
+    ckpt_every_min: float = 4.0
+    eval_every_min: float = 0.0             # 0: only at the end
+    ckpt_dir: str = "out/clover-tiny-train"
+    out_dir: str = "models/clover-tiny"
+    eval_tokens: int = 16384                # held-out tokens for the periodic eval
+    extra: dict = field(default_factory=dict)
+
+
+def lr_at(step: int, progress: float, tc: TrainConfig) -> float:
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    p = min(max(progress, 0.0), 1.0)
+    return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def make_optimizer(model: CloverModel, tc: TrainConfig, master: MasterWeights | None = None
+                   ) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices (linears, embeddings, experts), none on norms,
+    gates' scalars, memory key/calibration, conv. With `master`, it steps the fp32 copies."""
+    decay, no_decay = [], []
+    named = zip(master.names, master.master) if master is not None else model.named_parameters()
+    for name, p in named:
+        is_matrix = p.ndim >= 2 and not name.endswith(("memory.key", "conv.weight"))
+        (decay if is_matrix else no_decay).append(p)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=tc.lr, betas=tc.betas, eps=1e-8)
+
+
+def choose_block(gen: torch.Generator, tc: TrainConfig) -> int:
+    p = torch.tensor(tc.block_probs, dtype=torch.float64)
+    return int(tc.block_sizes[int(torch.multinomial(p, 1, generator=gen))])
+
+
+def batch_shape(B: int, tc: TrainConfig) -> tuple[int, int]:
+    """(n_seq, n_blocks) for block size B: windows of ~seq_tokens, ~tokens_per_batch tokens."""
+    n_blocks = max(2, round(tc.seq_tokens / B)) + 1
+    per_seq = (n_blocks - 1) * B + (B + 1) / 2
+    n_seq = max(1, round(tc.tokens_per_batch / per_seq))
+    return n_seq, n_blocks
+
+
+class MasterWeights:
+    """Pure-BF16 training: the model's parameters are BF16 (no per-op casts), the optimizer
+    steps float32 master copies, which are copied back after each step."""
+
+    def __init__(self, model: CloverModel):
+        self.names = [n for n, _ in model.named_parameters()]
+        self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in model.parameters()]
+        model.to(torch.bfloat16)
+        self.params = list(model.parameters())
+
+    def grads_to_master(self):
+        for p, m in zip(self.params, self.master):
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+
+    def master_to_model(self):
+        with torch.no_grad():
+            for p, m in zip(self.params, self.master):
+                p.copy_(m)
+
+    def state_dict(self) -> dict:
+        return {n: m.detach() for n, m in zip(self.names, self.master)}
+
+    def load_state_dict(self, sd: dict):
+        with torch.no_grad():
+            for n, m in zip(self.names, self.master):
+                m.copy_(sd[n])
+        self.master_to_model()
+
+
+def train_step(model, opt, batch: Batch, tc: TrainConfig, lr: float, master: MasterWeights | None = None):
+    for g in opt.param_groups:
+        g["lr"] = lr
+    loss, st = diffusion_loss(model, batch, autocast=tc.precision == "autocast")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if master is not None:
+        master.grads_to_master()
+        params = master.master
+    else:
+        params = list(model.parameters())
+    gn = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+    opt.step()
+    if master is not None:
+        master.master_to_model()
+    st.update(loss=float(loss.detach()), grad_norm=float(gn))
+    return st
+
+
+def compile_model(model: CloverModel) -> CloverModel:
+    """torch.compile the training forward (an instance override of forward_train; the
+    weights and every other method are untouched). Static shapes: one graph per batch shape
+    (a handful: one per block size); graph breaks at the MoE's data-dependent routing."""
+    import torch._dynamo
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    model.forward_train = torch.compile(CloverModel.forward_train.__get__(model), dynamic=False)
+    return model
+
+
+def uncompile_model(model: CloverModel) -> CloverModel:
+    model.__dict__.pop("forward_train", None)
+    return model
+
+
+def _atomic_torch_save(obj, path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train(model: CloverModel, stream: torch.Tensor, tc: TrainConfig, heldout=None, log_fn=print,
+          resume: str | Path | None = None) -> dict:
+    """Train `model` (float32 on entry and on return) in place on the token stream.
+    Checkpoints (fp32 weights, optimizer, RNG, log) go to {ckpt_dir}/ckpt-last.pt every
+    ckpt_every_min minutes, with a BF16 HF copy in {ckpt_dir}/hf. Returns the log dict."""
+    torch.set_num_threads(tc.threads)
+    c = model.config
+    model.train()
+    master = MasterWeights(model) if tc.precision == "bf16" else None
+    opt = make_optimizer(model, tc, master)
+    if tc.compile:
+        compile_model(model)
+    gen = torch.Generator().manual_seed(tc.seed)
+    log = {"train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()},
+           "model_config": c.to_dict(), "n_params": sum(p.numel() for p in model.parameters()),
+           "steps": [], "evals": [], "tokens": 0, "step": 0, "elapsed_s": 0.0}
+    ckpt_dir = Path(tc.ckpt_dir)
+
+    def weights() -> dict:
+        return master.state_dict() if master is not None else {k: v.detach() for k, v in model.state_dict().items()}
+
+    if resume:
+        ck = torch.load(resume, weights_only=False)
+        if master is not None:
+            master.load_state_dict(ck["model"])
+        else:
+            model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        gen.set_state(ck["gen"])
+        log = ck["log"]
+        log["train_config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
+        log_fn(f"resumed from {resume} at step {log['step']}, {log['tokens']} tokens")
+    step, tokens, elapsed0 = log["step"], log["tokens"], log["elapsed_s"]
+    t_start = time.time()
+    last_ckpt = last_eval = time.time()
+    win_tok, win_t = 0, 0.0
+    budget_s = tc.time_budget_min * 60 if tc.time_budget_min else None
+
+    def save_ckpt():
+        log["elapsed_s"] = elapsed0 + time.time() - t_start
+        _atomic_torch_save({"model": weights(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                            "log": log}, ckpt_dir / "ckpt-last.pt")
+        tmp = ckpt_dir / "train_log.json.tmp"
+        tmp.write_text(json.dumps(log))
+        os.replace(tmp, ckpt_dir / "train_log.json")
+        save_hf(model, ckpt_dir / "hf")
+
+    while True:
+        elapsed = elapsed0 + time.time() - t_start
+        progress = step / tc.max_steps
+        if budget_s:
+            progress = max(progress, elapsed / budget_s)
+        if step >= tc.max_steps or progress >= 1.0:
+            break
+        lr = lr_at(step, progress, tc)
+        B = choose_block(gen, tc)
+        n_seq, nb = batch_shape(B, tc)
+        t0 = time.time()
+        batch = sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
+        st = train_step(model, opt, batch, tc, lr, master)
+        win_t += time.time() - t0
+        if not math.isfinite(st["loss"]):
+            raise FloatingPointError(f"non-finite loss at step {step}")
+        step += 1
+        tokens += st["n_tokens"]
+        win_tok += st["n_tokens"]
+        rec = {"step": step, "tokens": tokens, "time_s": round(elapsed0 + time.time() - t_start, 2),
+               "loss": round(st["loss"], 4), "masked_ce": round(st["masked_ce"], 4), "lr": float(f"{lr:.4g}"), "B": B,
+               "grad_norm": round(st["grad_norm"], 3)}
+        log["steps"].append(rec)
+        log["step"], log["tokens"] = step, tokens
+        if step % tc.log_every == 0:
+            tps = win_tok / max(win_t, 1e-9)   # compute time only (evals/checkpoints excluded)
+            win_tok, win_t = 0, 0.0
+            recent = log["steps"][-tc.log_every:]
+            log_fn(f"step {step} tok {tokens} t {rec['time_s']:.0f}s loss {np.mean([r['loss'] for r in recent]):.4f} "
+                   f"mce {np.mean([r['masked_ce'] for r in recent]):.4f} lr {lr:.2e} gn {st['grad_norm']:.2f} "
+                   f"B {B} tok/s {tps:.0f}")
+            rec["tok_per_s"] = round(tps, 1)
+        if heldout is not None and tc.eval_every_min and time.time() - last_eval > tc.eval_every_min * 60:
+            ev = evaluate_heldout(model, heldout[: tc.eval_tokens], autocast=tc.precision == "autocast")
+            ev.update(step=step, tokens=tokens, time_s=rec["time_s"])
+            log["evals"].append(ev)
+            log_fn(f"eval step {step}: held-out {ev['bits_per_token']:.3f} bits/token (first {ev['n_tokens']} tokens)")
+            last_eval = time.time()
+        if time.time() - last_ckpt > tc.ckpt_every_min * 60:
+            save_ckpt()
+            log_fn(f"checkpoint step {step} -> {ckpt_dir}")
+            last_ckpt = time.time()
+    save_ckpt()
+    uncompile_model(model)
+    if master is not None:   # hand back a float32 model holding the master weights
+        model.to(torch.float32)
+        model.load_state_dict(master.state_dict())
+    model.eval()
+    return log

@@ -1,0 +1,384 @@
+"""The llama.cpp runtime (patched llama-cpp-python, clover.h) against the spec's test vectors and
+the PyTorch reference. These tests need the built runtime (`clover-gguf runtime build`); without
+it they FAIL (never skip) with the command to run.
+
+Tolerances: logits max |diff| < 1e-3 and mean KL < 1e-4 nats; states max |diff| < 1e-4
+(both sides compute in float32 from the same F32 GGUF / BF16 weights).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from clover_gguf.reference.generate import GenerationConfig, TorchBackend, generate
+
+from conftest import REPO, TINY  # noqa: F401
+LOGIT_TOL = 1e-3
+KL_TOL = 1e-4
+STATE_TOL = 1e-4
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _load_lib_or_fail():
+    from clover_gguf.runtime import bindings
+
+    try:
+        return bindings.load()
+    except bindings.RuntimeNotBuilt as e:
+        pytest.fail(f"llama.cpp runtime not built: {e}", pytrace=False)
+
+
+def convert_f32(model_dir: Path, out: Path) -> Path:
+    """model_dir -> F32 GGUF (the experts F32 too when the converter allows it)."""
+    from clover_gguf.convert.converter import convert
+
+    kw = dict(outtype="f32", force=True, progress=False, log=lambda *a, **k: None)
+    last = None
+    for extra in (dict(experts="f32"), dict(experts="bf16", tensor_types=[r"ffn_.*_exps=f32"]),
+                  dict(experts="bf16")):
+        try:
+            convert(model_dir, out, **kw, **extra)
+            return out
+        except Exception as e:  # noqa: BLE001 - try the next spelling
+            last = e
+    raise last
+
+
+def kl_rows(ref: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
+    lp = torch.log_softmax(ref.double(), -1)
+    lq = torch.log_softmax(got.double(), -1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+def assert_logits_close(ref, got, what):
+    ref = torch.as_tensor(np.asarray(ref, dtype=np.float32))
+    got = torch.as_tensor(got).float()
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    diff = (got - ref).abs().max().item()
+    kl = kl_rows(ref, got).mean().item()
+    assert diff < LOGIT_TOL and kl < KL_TOL, f"{what}: max|dlogit| {diff:.2e}, mean KL {kl:.2e}"
+    return diff, kl
+
+
+def assert_states_close(ref_states, rt, what):
+    worst = 0.0
+    for il, ref in enumerate(ref_states):
+        got = rt.state(il)
+        ref = np.asarray(ref, dtype=np.float32).reshape(got.shape)
+        worst = max(worst, float(np.abs(got - ref).max()))
+    assert worst < STATE_TOL, f"{what}: state max|diff| {worst:.2e}"
+    return worst
+
+
+def ref_states(state):
+    return [s[0].detach().float().numpy() for s in state]
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session")
+def lib():
+    return _load_lib_or_fail()
+
+
+@pytest.fixture(scope="session")
+def vec_gguf(lib, vec_dir, tmp_path_factory):
+    return convert_f32(vec_dir, tmp_path_factory.mktemp("rt") / "random-clover-f32.gguf")
+
+
+@pytest.fixture(scope="session")
+def vec_rt(vec_gguf):
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    # n_ubatch = 4 blocks of 8: clover_commit folds up to 4 prompt blocks per graph
+    rt = CloverRuntime(vec_gguf, n_threads=1, n_ubatch=32, n_batch=32)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="session")
+def vec_ref(vec_dir):
+    from clover_gguf.reference.model import CloverModel
+
+    return CloverModel.from_pretrained(vec_dir, dtype=torch.float32).eval()
+
+
+# ----------------------------------------------------------------------------- spec vectors
+
+def test_metadata(vec_rt, vec_ref):
+    c = vec_ref.config
+    assert vec_rt.n_vocab == c.vocab_size
+    assert vec_rt.n_layer == c.num_hidden_layers
+    assert vec_rt.mask_token_id == c.mask_token_id
+    assert vec_rt.default_block_size == c.block_size
+
+
+def test_vector_block_empty_memory(vec_rt, vectors):
+    case = vectors["block_empty_memory"]
+    vec_rt.reset()
+    assert_logits_close(case["logits"], vec_rt.block_logits(case["tokens"]), "block_empty_memory")
+
+
+def test_vector_denoise_after_prefill(vec_rt, vectors):
+    case = vectors["denoise_after_prefill"]
+    vec_rt.reset()
+    vec_rt.commit(case["prompt"], case["block_size"])
+    if vec_rt.n_committed is not None:
+        assert vec_rt.n_committed == case["pos0"]
+    assert_states_close(case["state_after_prefill"], vec_rt, "state after the 19-token prefill")
+    assert_logits_close(case["logits"], vec_rt.block_logits(case["block"]), "denoise_after_prefill")
+
+
+def test_vector_short_block(vec_rt, vectors):
+    case = vectors["short_block"]
+    vec_rt.reset()
+    vec_rt.commit(case["prompt"], 8)
+    assert_logits_close(case["logits"], vec_rt.block_logits(case["block"]), "short_block")
+
+
+def test_vector_greedy_steps_one_call(vec_rt, vectors):
+    case = vectors["greedy_steps"]
+    cfg = GenerationConfig(max_new_tokens=case["max_new_tokens"], block_size=case["block_size"],
+                           steps=case["steps"], temperature=0.0)
+    seen = []
+    res = vec_rt.generate(case["prompt"], cfg, on_block=lambda toks, st: seen.append((toks, st)))
+    assert res.tokens == case["tokens"]
+    assert [b.steps for b in res.blocks] == [4, 4, 4]
+    assert all(b.tokens_per_step == [2, 2, 2, 2] for b in res.blocks)
+    assert [t for toks, _ in seen for t in toks] == case["tokens"]
+    assert res.prompt_tokens == len(case["prompt"])
+
+
+def test_vector_greedy_steps_python_loop(vec_rt, vectors):
+    from clover_gguf.runtime.runtime import RuntimeBackend
+
+    case = vectors["greedy_steps"]
+    cfg = GenerationConfig(max_new_tokens=case["max_new_tokens"], block_size=case["block_size"],
+                           steps=case["steps"], temperature=0.0, mask_token_id=vec_rt.mask_token_id,
+                           eos_token_id=None)
+    res = generate(RuntimeBackend(vec_rt), case["prompt"], cfg)
+    assert res.tokens == case["tokens"]
+
+
+# ----------------------------------------------------------------------------- vs PyTorch reference
+
+@pytest.mark.parametrize("hist", [0, 3, 8, 13, 16, 19, 40])
+def test_block_logits_vs_reference(vec_rt, vec_ref, hist):
+    """Clean and half-masked blocks after a history of `hist` tokens (blocks of 8)."""
+    c = vec_ref.config
+    rng = random.Random(hist)
+    prompt = [rng.randrange(c.vocab_size - 3) for _ in range(hist)]
+    vec_rt.reset()
+    vec_rt.commit(prompt, 8)
+    state = vec_ref.prefill(torch.tensor([prompt]), 8) if hist else vec_ref.init_state(1)
+    assert_states_close(ref_states(state), vec_rt, f"state after {hist} tokens")
+    for L in (8, 5, 1):
+        clean = [rng.randrange(c.vocab_size - 3) for _ in range(L)]
+        noisy = [c.mask_token_id if rng.random() < 0.5 else t for t in clean]
+        for blk, what in ((clean, "clean"), (noisy, "masked")):
+            ref = vec_ref.block_logits(torch.tensor([blk]), hist, state)[0]
+            assert_logits_close(ref, vec_rt.block_logits(blk), f"hist {hist}, L {L}, {what}")
+
+
+def test_commits_vs_reference(vec_rt, vec_ref):
+    """Denoise / commit interleaved over several blocks, as generation does."""
+    rng = random.Random(7)
+    V = vec_ref.config.vocab_size
+    vec_rt.reset()
+    state, pos = vec_ref.init_state(1), 0
+    for L in (8, 8, 3, 8, 6, 8):
+        blk = [rng.randrange(V - 3) for _ in range(L)]
+        ref = vec_ref.block_logits(torch.tensor([blk]), pos, state)[0]
+        assert_logits_close(ref, vec_rt.block_logits(blk), f"block at {pos}")
+        vec_rt.commit(blk, L)
+        _, state = vec_ref.commit(torch.tensor([blk]), pos, state)
+        pos += L
+        assert_states_close(ref_states(state), vec_rt, f"state after commit at {pos}")
+
+
+def test_greedy_generation_vs_reference(vec_rt, vec_ref):
+    rng = random.Random(3)
+    V = vec_ref.config.vocab_size
+    for prompt_len, B, steps in ((5, 8, 4), (21, 8, 8), (16, 4, 2)):
+        prompt = [rng.randrange(V - 3) for _ in range(prompt_len)]
+        cfg = GenerationConfig(max_new_tokens=20, block_size=B, steps=steps, temperature=0.0,
+                               mask_token_id=vec_ref.config.mask_token_id,
+                               eos_token_id=vec_ref.config.eos_token_id)  # the runtime stops at EOS
+        ref = generate(TorchBackend(vec_ref, "blockwise"), prompt, cfg)
+        got = vec_rt.generate(prompt, cfg)
+        assert got.tokens == ref.tokens, f"prompt {prompt_len}, B {B}, steps {steps}"
+        assert [b.tokens_per_step for b in got.blocks] == [b.tokens_per_step for b in ref.blocks]
+
+
+def test_parallel_prefill_equals_blockwise(vec_rt):
+    """One clover_commit of 5 blocks (several blocks per graph: n_ubatch = 32) vs 5 commits."""
+    rng = random.Random(11)
+    prompt = [rng.randrange(90) for _ in range(37)]
+    vec_rt.reset()
+    vec_rt.commit(prompt, 8)
+    par = [vec_rt.state(i) for i in range(vec_rt.n_layer)]
+    vec_rt.reset()
+    for s in range(0, len(prompt), 8):
+        vec_rt.commit(prompt[s:s + 8], 8)
+    blk = [vec_rt.state(i) for i in range(vec_rt.n_layer)]
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(par, blk))
+    assert worst < 1e-5, f"parallel vs block-by-block prefill: state max|diff| {worst:.2e}"
+
+
+def test_denoise_leaves_state_unchanged(vec_rt):
+    vec_rt.reset()
+    vec_rt.commit(list(range(10, 29)), 8)
+    before = [vec_rt.state(i).copy() for i in range(vec_rt.n_layer)]
+    for blk in ([96] * 8, [5, 96, 7, 96, 9, 96, 11, 96], [1, 2, 3]):
+        vec_rt.block_logits(blk)
+    after = [vec_rt.state(i) for i in range(vec_rt.n_layer)]
+    for a, b in zip(before, after):
+        assert a.tobytes() == b.tobytes(), "a denoising step changed the memory state"
+
+
+def test_reset_clears_state(vec_rt):
+    vec_rt.reset()
+    vec_rt.commit(list(range(8)), 8)
+    vec_rt.reset()
+    assert all(not vec_rt.state(i).any() for i in range(vec_rt.n_layer))
+
+
+# ----------------------------------------------------------------------------- clover-tiny
+
+def _tiny_present():
+    return (TINY / "config.json").exists() and any(TINY.glob("*.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def tiny(lib, tmp_path_factory):
+    assert _tiny_present(), f"{TINY} has no trained checkpoint"
+    from clover_gguf.reference.model import CloverModel
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    gguf = convert_f32(TINY, tmp_path_factory.mktemp("tiny") / "clover-tiny-f32.gguf")
+    ref = CloverModel.from_pretrained(TINY, dtype=torch.float32).eval()
+    rt = CloverRuntime(gguf, n_threads=2, n_ubatch=128, n_batch=128)
+    yield rt, ref
+    rt.close()
+
+
+def test_tiny_parity(tiny):
+    rt, ref = tiny
+    B = ref.config.block_size
+    prompt = rt.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
+    rt.reset()
+    rt.commit(prompt, B)
+    state = ref.prefill(torch.tensor([prompt]), B)
+    assert_states_close(ref_states(state), rt, "clover-tiny state after the prompt")
+    blk = [ref.config.mask_token_id] * B
+    assert_logits_close(ref.block_logits(torch.tensor([blk]), len(prompt), state)[0],
+                        rt.block_logits(blk), "clover-tiny masked block")
+    cfg = GenerationConfig(max_new_tokens=2 * B, block_size=B, steps=B // 2, temperature=0.0,
+                           mask_token_id=ref.config.mask_token_id, eos_token_id=rt.eos_token_id)
+    want = generate(TorchBackend(ref, "blockwise"), prompt, cfg).tokens
+    assert rt.generate(prompt, cfg).tokens == want
+
+
+# ----------------------------------------------------------------------------- tokenizer, template, overrides
+# clover-tiny shapes (2 layers, random weights) with the project's BPE tokenizer: the GGUF
+# vocabulary, chat template and expert buffer overrides, and parity at D = 64.
+
+@pytest.fixture(scope="session")
+def tok_model(lib, tmp_path_factory):
+    import shutil
+
+    from clover_gguf.config import preset
+    from clover_gguf.gguf_io.synth import write_synthetic
+    from clover_gguf.tokenizer import CloverTokenizer
+
+    assert (TINY / "tokenizer.json").exists(), f"no tokenizer in {TINY}"
+    tok = CloverTokenizer.from_dir(TINY)
+    d = tmp_path_factory.mktemp("tiny-shapes")
+    cfg = preset("clover-tiny", vocab_size=max(tok.vocab_size, 256), mask_token_id=tok.mask_id,
+                 bos_token_id=tok.bos_id if tok.bos_id is not None else tok.eos_id,
+                 eos_token_id=tok.eos_id, pad_token_id=tok.pad_id if tok.pad_id is not None else tok.eos_id)
+    write_synthetic(d / "hf", cfg, layers=2, progress=False)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY / f, d / "hf" / f)
+    gguf = convert_f32(d / "hf", d / "tiny-shapes-f32.gguf")
+    return d / "hf", gguf, tok
+
+
+def test_tokenizer_matches_reference(tok_model):
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    _, gguf, tok = tok_model
+    with CloverRuntime(gguf, n_threads=1) as rt:
+        for text in ("def f(x):\n    return x + 1\n", "import os, sys  # héllo\n\tpass",
+                     "<|im_start|>user\nhi<|im_end|>\n", "   spaces   and\n\n\nnewlines"):
+            ids = rt.tokenize(text)
+            assert ids == tok.encode(text), repr(text)
+            assert rt.detokenize(ids) == tok.decode(ids), repr(text)
+
+
+def test_chat_prompt_matches_reference(tok_model):
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    _, gguf, tok = tok_model
+    msgs = [{"role": "system", "content": "You write Python."},
+            {"role": "user", "content": "Sort a list."}]
+    with CloverRuntime(gguf, n_threads=1) as rt:
+        assert rt.chat_template == tok.chat_template
+        for think in (False, True):
+            assert rt.chat_prompt(msgs, enable_thinking=think) == \
+                tok.apply_chat_template(msgs, enable_thinking=think)
+
+
+def test_tiny_shapes_parity_and_experts_on_cpu(tok_model):
+    from clover_gguf.reference.model import CloverModel
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    hf, gguf, tok = tok_model
+    ref = CloverModel.from_pretrained(hf, dtype=torch.float32).eval()
+    B = ref.config.block_size
+    prompt = tok.encode("def fibonacci(n):\n    if n < 2:\n        return n\n")
+    state = ref.prefill(torch.tensor([prompt]), B)
+    blk = [ref.config.mask_token_id] * B
+    want = ref.block_logits(torch.tensor([blk]), len(prompt), state)[0]
+    for eoc in (False, True):
+        with CloverRuntime(gguf, n_threads=2, experts_on_cpu=eoc, n_ubatch=4 * B) as rt:
+            rt.reset()
+            rt.commit(prompt, B)
+            assert_states_close(ref_states(state), rt, f"tiny shapes, experts_on_cpu={eoc}")
+            assert_logits_close(want, rt.block_logits(blk), f"tiny shapes, experts_on_cpu={eoc}")
+            cfg = GenerationConfig(max_new_tokens=2 * B, block_size=B, steps=B // 4, temperature=0.0,
+                                   mask_token_id=ref.config.mask_token_id, eos_token_id=rt.eos_token_id)
+            assert rt.generate(prompt, cfg).tokens == generate(TorchBackend(ref, "blockwise"), prompt, cfg).tokens
+
+
+# ----------------------------------------------------------------------------- native test programs
+
+def _bin(name):
+    from clover_gguf.runtime.build import runtime_paths
+
+    p = runtime_paths()["bin_dir"] / name
+    if not p.exists():
+        pytest.fail(f"{p} missing: build the runtime with `clover-gguf runtime build`", pytrace=False)
+    return p
+
+
+def test_native_test_clover(vec_gguf, vec_dir):
+    import subprocess
+
+    r = subprocess.run([str(_bin("test-clover")), str(vec_gguf), str(vec_dir.parent / "vectors.json")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ALL OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
+
+
+def test_native_backend_ops_gated_delta_net(lib):
+    import subprocess
+
+    r = subprocess.run([str(_bin("test-backend-ops")), "test", "-b", "CPU", "-o", "GATED_DELTA_NET"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
