@@ -40,8 +40,7 @@ def _read_header(path: Path) -> dict:
     header.pop("__metadata__", None)
     end = max((v["data_offsets"][1] for v in header.values()), default=0)
     if 8 + n + end > size:
-        raise CheckpointError(f"{path}: truncated safetensors file: data needs {8 + n + end} bytes, "
-                              f"file has {size}")
+        raise CheckpointError(f"{path}: truncated safetensors file: data needs {8 + n + end} bytes, file has {size}")
     return header
 
 
@@ -72,13 +71,16 @@ class Checkpoint:
             for shard in sorted(set(self._where.values())):
                 if not shard.exists():
                     missing = sorted(n for n, s in self._where.items() if s == shard)
-                    raise CheckpointError(f"{shard}: shard listed in {INDEX_NAME} is missing "
-                                          f"(holds {len(missing)} tensors, e.g. {missing[0]})")
+                    raise CheckpointError(
+                        f"{shard}: shard listed in {INDEX_NAME} is missing "
+                        f"(holds {len(missing)} tensors, e.g. {missing[0]})"
+                    )
                 hdr = self._header(shard)
                 for n, s in self._where.items():
                     if s == shard and n not in hdr:
-                        raise CheckpointError(f"{shard}: tensor {n} is mapped to this shard by "
-                                              f"{INDEX_NAME} but not in it")
+                        raise CheckpointError(
+                            f"{shard}: tensor {n} is mapped to this shard by {INDEX_NAME} but not in it"
+                        )
         self._handles: dict[Path, object] = {}
         self.layout = "fused" if HF_EXPERT_FUSED_DOWN.format(bid=0) in self._where else "per_expert"
 
@@ -118,16 +120,21 @@ class Checkpoint:
                 raise CheckpointError(f"{self.dir}: missing tensor {name} (expected shape {list(shape)})")
             got = self.shape(name)
             if got != shape:
-                raise CheckpointError(f"{self.shard_of(name)}: tensor {name} has shape {list(got)}, "
-                                      f"config implies {list(shape)}")
+                raise CheckpointError(
+                    f"{self.shard_of(name)}: tensor {name} has shape {list(got)}, config implies {list(shape)}"
+                )
             dt = self.dtype(name)
             if dt not in KNOWN_DTYPES:
-                raise CheckpointError(f"{self.shard_of(name)}: tensor {name} has unsupported dtype {dt} "
-                                      f"(supported: {', '.join(sorted(KNOWN_DTYPES))})")
+                raise CheckpointError(
+                    f"{self.shard_of(name)}: tensor {name} has unsupported dtype {dt} "
+                    f"(supported: {', '.join(sorted(KNOWN_DTYPES))})"
+                )
         extra = [n for n in self._where if n not in expected]
         if extra:
-            raise CheckpointError(f"{self.shard_of(extra[0])}: unexpected tensor {extra[0]} "
-                                  f"({len(extra)} extra tensors) for a {self.layout} checkpoint")
+            raise CheckpointError(
+                f"{self.shard_of(extra[0])}: unexpected tensor {extra[0]} "
+                f"({len(extra)} extra tensors) for a {self.layout} checkpoint"
+            )
 
     # ---- data ----------------------------------------------------------------------------
     def get(self, name: str) -> torch.Tensor:
@@ -151,8 +158,7 @@ class Checkpoint:
             gu = self.get(HF_EXPERT_FUSED_GATE_UP.format(bid=layer))
             F = c.moe_intermediate_size
             return (gu[:, :F] if proj == "gate" else gu[:, F:]).contiguous()
-        return torch.stack([self.get(HF_EXPERT_PER.format(bid=layer, xid=x, proj=proj))
-                            for x in range(c.num_experts)])
+        return torch.stack([self.get(HF_EXPERT_PER.format(bid=layer, xid=x, proj=proj)) for x in range(c.num_experts)])
 
     def iter_hf_tensors(self):
         """(name, tensor) in the spec's order, one tensor at a time."""

@@ -15,6 +15,7 @@ def cli():
 
 # --- reference / checkpoint commands (run, synth) ---------------------------------------
 
+
 def _ids(ctx, param, value):
     if value is None:
         return None
@@ -42,11 +43,35 @@ def _ids(ctx, param, value):
 @click.option("-t", "--threads", type=int, help="CPU threads.")
 @click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, help="Layers offloaded to the GPU (.gguf only).")
 @click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading (.gguf only).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
-              help="Reference precision (safetensors models only).")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16"]),
+    default="float32",
+    show_default=True,
+    help="Reference precision (safetensors models only).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print completion, token ids and per-block statistics as JSON.")
-def run_cmd(model, prompt, prompt_ids, max_new_tokens, block_size, steps, threshold, temp, top_k, top_p, seed,
-            chat, think, system, threads, n_gpu_layers, experts_on_cpu, dtype, as_json):
+def run_cmd(
+    model,
+    prompt,
+    prompt_ids,
+    max_new_tokens,
+    block_size,
+    steps,
+    threshold,
+    temp,
+    top_k,
+    top_p,
+    seed,
+    chat,
+    think,
+    system,
+    threads,
+    n_gpu_layers,
+    experts_on_cpu,
+    dtype,
+    as_json,
+):
     """Generate with block diffusion from MODEL: a safetensors model folder (PyTorch
     reference) or a .gguf file (patched llama.cpp). Default MODEL: the bundled clover-tiny.
 
@@ -55,13 +80,30 @@ def run_cmd(model, prompt, prompt_ids, max_new_tokens, block_size, steps, thresh
     clover-gguf run out/clover-tiny-q4_k.gguf -p 'import os' --threshold 0.8 --json
     """
     from .run import DEFAULT_MODEL, print_output, run
+
     if prompt is None and prompt_ids is None:
         raise click.UsageError("give -p/--prompt or --prompt-ids")
     try:
-        out = run(model or DEFAULT_MODEL, prompt=prompt, prompt_ids=prompt_ids, block_size=block_size, steps=steps,
-                  threshold=threshold, temp=temp, top_k=top_k, top_p=top_p, seed=seed,
-                  max_new_tokens=max_new_tokens, chat=chat, think=think, system=system, threads=threads,
-                  n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu, dtype=dtype)
+        out = run(
+            model or DEFAULT_MODEL,
+            prompt=prompt,
+            prompt_ids=prompt_ids,
+            block_size=block_size,
+            steps=steps,
+            threshold=threshold,
+            temp=temp,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            chat=chat,
+            think=think,
+            system=system,
+            threads=threads,
+            n_gpu_layers=n_gpu_layers,
+            experts_on_cpu=experts_on_cpu,
+            dtype=dtype,
+        )
     except (ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
     print_output(out, as_json)
@@ -83,6 +125,7 @@ def synth_cmd(out_dir, preset_name, config_path, layers, shard_size_mb, fused, s
     """
     from .config import CloverConfig, ConfigError, preset
     from .gguf_io.synth import write_synthetic
+
     if (preset_name is None) == (config_path is None):
         raise click.UsageError("give exactly one of --preset or --config")
     try:
@@ -92,36 +135,74 @@ def synth_cmd(out_dir, preset_name, config_path, layers, shard_size_mb, fused, s
     path = write_synthetic(out_dir, cfg, layers=layers, shard_size_mb=shard_size_mb, fused=fused, seed=seed)
     click.echo(f"wrote {path}")
 
+
 # --- converter commands (convert, inspect, imatrix) -------------------------------------
+
 
 def _recipe_help() -> str:
     from .convert.recipes import RECIPES
+
     return "Named recipe: " + "; ".join(f"{r.name} ({r.description})" for r in RECIPES.values()) + "."
 
 
 @cli.command("convert")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--outfile", "out", type=click.Path(dir_okay=False), help="Output .gguf file.")
-@click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0"], case_sensitive=False),
-              help="Type of the non-expert 2-D weights (attention, shared expert, embeddings, output) [default: bf16].")
-@click.option("--experts", type=click.Choice(["q4_k", "q4_0", "q4_1", "iq4_nl", "iq4_xs", "mxfp4", "q5_k", "q6_k",
-                                              "q8_0", "bf16", "f16", "f32"], case_sensitive=False),
-              help="Type of the routed experts [default: q4_k].")
-@click.option("--tensor-type", "tensor_types", multiple=True, metavar="REGEX=TYPE",
-              help="Override the type of tensors whose GGUF name matches REGEX (repeatable; first match wins).")
+@click.option(
+    "--outtype",
+    type=click.Choice(["f32", "f16", "bf16", "q8_0"], case_sensitive=False),
+    help="Type of the non-expert 2-D weights (attention, shared expert, embeddings, output) [default: bf16].",
+)
+@click.option(
+    "--experts",
+    type=click.Choice(
+        ["q4_k", "q4_0", "q4_1", "iq4_nl", "iq4_xs", "mxfp4", "q5_k", "q6_k", "q8_0", "bf16", "f16", "f32"],
+        case_sensitive=False,
+    ),
+    help="Type of the routed experts [default: q4_k].",
+)
+@click.option(
+    "--tensor-type",
+    "tensor_types",
+    multiple=True,
+    metavar="REGEX=TYPE",
+    help="Override the type of tensors whose GGUF name matches REGEX (repeatable; first match wins).",
+)
 @click.option("--recipe", help=_recipe_help())
-@click.option("--imatrix", type=click.Path(exists=True, dir_okay=False),
-              help="llama.cpp GGUF imatrix (e.g. from `clover-gguf imatrix`) weighting the quantization.")
+@click.option(
+    "--imatrix",
+    type=click.Path(exists=True, dir_okay=False),
+    help="llama.cpp GGUF imatrix (e.g. from `clover-gguf imatrix`) weighting the quantization.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (tensors, types, sizes, bits per weight) and exit.")
 @click.option("-t", "--threads", type=int, help="Quantization threads [default: all cores].")
-@click.option("--backend", type=click.Choice(["auto", "ggml", "numpy"]), default="auto", show_default=True,
-              help="Quantizer: ggml (libggml via ctypes), numpy (gguf-py, exact types only), auto.")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "ggml", "numpy"]),
+    default="auto",
+    show_default=True,
+    help="Quantizer: ggml (libggml via ctypes), numpy (gguf-py, exact types only), auto.",
+)
 @click.option("--name", help="general.name [default: the model folder's name].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @click.option("-v", "--verbose", is_flag=True, help="Plan: list every layer's tensors.")
-def convert_cmd(model_dir, out, outtype, experts, tensor_types, recipe, imatrix, force, dry_run, threads, backend,
-                name, quiet, verbose):
+def convert_cmd(
+    model_dir,
+    out,
+    outtype,
+    experts,
+    tensor_types,
+    recipe,
+    imatrix,
+    force,
+    dry_run,
+    threads,
+    backend,
+    name,
+    quiet,
+    verbose,
+):
     """Convert a Clover safetensors MODEL_DIR (per-expert or fused experts, sharded or
     not) to a GGUF file llama.cpp loads.
 
@@ -131,12 +212,25 @@ def convert_cmd(model_dir, out, outtype, experts, tensor_types, recipe, imatrix,
     clover-gguf convert /tmp/c35 --experts mxfp4 --tensor-type 'ffn_down_exps=q8_0' --dry-run
     """
     from .convert.converter import ConvertError, convert
+
     if out is None and not dry_run:
         raise click.UsageError("give -o/--outfile (or --dry-run)")
     try:
-        res = convert(model_dir, out, outtype=outtype, experts=experts, tensor_types=list(tensor_types),
-                      recipe=recipe, imatrix=imatrix, force=force, dry_run=dry_run, threads=threads,
-                      backend=backend, progress=not quiet and not dry_run, name=name)
+        res = convert(
+            model_dir,
+            out,
+            outtype=outtype,
+            experts=experts,
+            tensor_types=list(tensor_types),
+            recipe=recipe,
+            imatrix=imatrix,
+            force=force,
+            dry_run=dry_run,
+            threads=threads,
+            backend=backend,
+            progress=not quiet and not dry_run,
+            name=name,
+        )
     except ConvertError as e:
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt as e:
@@ -149,9 +243,11 @@ def convert_cmd(model_dir, out, outtype, experts, tensor_types, recipe, imatrix,
     else:
         for tname, why in plan.fallbacks():
             click.echo(f"fallback: {tname}: {why}", err=True)
-        click.echo(f"wrote {res.out_path}: {len(plan.entries)} tensors, {res.bytes_out / 2**20:.2f} MiB, "
-                   f"{plan.bpw:.3f} bits per weight, in {res.seconds:.1f}s "
-                   f"({res.gbps_in:.3f} GB/s of input)")
+        click.echo(
+            f"wrote {res.out_path}: {len(plan.entries)} tensors, {res.bytes_out / 2**20:.2f} MiB, "
+            f"{plan.bpw:.3f} bits per weight, in {res.seconds:.1f}s "
+            f"({res.gbps_in:.3f} GB/s of input)"
+        )
     for note in res.notes:
         click.echo(f"note: {note}", err=True)
 
@@ -164,6 +260,7 @@ def inspect_cmd(path, show_tensors, no_metadata):
     """Metadata and a per-group table (experts, attention, embeddings, ...) of types, sizes
     and bits per weight, for a .gguf file or a safetensors model folder."""
     from .gguf_io.inspection import format_inspection, inspect_path
+
     try:
         ins = inspect_path(path)
     except (ValueError, OSError) as e:
@@ -173,10 +270,17 @@ def inspect_cmd(path, show_tensors, no_metadata):
 
 @cli.command("imatrix")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Calibration text.")
-@click.option("-o", "--outfile", "out", required=True, type=click.Path(dir_okay=False),
-              help="Output imatrix (llama.cpp GGUF imatrix format).")
+@click.option(
+    "-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False), help="Calibration text."
+)
+@click.option(
+    "-o",
+    "--outfile",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Output imatrix (llama.cpp GGUF imatrix format).",
+)
 @click.option("-c", "--ctx", "n_ctx", default=512, show_default=True, help="Tokens per chunk.")
 @click.option("--chunks", type=int, help="Use at most this many chunks.")
 @click.option("--block-size", type=int, help="Block size [default: the model's].")
@@ -185,14 +289,25 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
     """Compute an importance matrix with the PyTorch reference on a text file, counting
     each routed expert's activations separately (llama.cpp's GGUF imatrix format)."""
     from .convert.imatrix import compute_imatrix
+
     try:
-        im = compute_imatrix(model_dir, text_file, out, n_ctx=n_ctx, chunks=chunks, block_size=block_size,
-                             seed=seed, log=lambda m: click.echo(m, err=True))
+        im = compute_imatrix(
+            model_dir,
+            text_file,
+            out,
+            n_ctx=n_ctx,
+            chunks=chunks,
+            block_size=block_size,
+            seed=seed,
+            log=lambda m: click.echo(m, err=True),
+        )
     except (ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {out}: {len(im.entries)} entries, {im.chunk_count} chunks of {im.chunk_size} tokens")
 
+
 # --- runtime commands (runtime build) ---------------------------------------------------
+
 
 @cli.group("runtime")
 def runtime_group():
@@ -201,27 +316,47 @@ def runtime_group():
 
 @runtime_group.command("build")
 @click.option("--cuda", is_flag=True, help="Build the CUDA backend too (GGML_CUDA=ON, FA off).")
-@click.option("--cuda-arch", "cuda_arch", default=None,
-              help="CMAKE_CUDA_ARCHITECTURES, ';' or ',' separated (default 86;89;120;80;90;100).")
+@click.option(
+    "--cuda-arch",
+    "cuda_arch",
+    default=None,
+    help="CMAKE_CUDA_ARCHITECTURES, ';' or ',' separated (default 86;89;120;80;90;100).",
+)
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel compile jobs (ninja default).")
 @click.option("--force", is_flag=True, help="Rebuild even if the stamp matches.")
-@click.option("--targets", default=None,
-              help="Comma-separated ninja targets instead of the default set (e.g. ggml-cuda).")
+@click.option(
+    "--targets", default=None, help="Comma-separated ninja targets instead of the default set (e.g. ggml-cuda)."
+)
 @click.option("--no-install", is_flag=True, help="Build only; do not pip-install llama-cpp-python.")
-@click.option("--root", type=click.Path(file_okay=False), default=None,
-              help="Runtime dir (default $CLOVER_GGUF_RUNTIME_DIR or <cache>/runtime).")
-@click.option("--cmake-arg", "cmake_arg", multiple=True,
-              help="Extra cmake argument (repeatable), e.g. -DCUDA_cublas_LIBRARY=/path/libcublas.so.13.")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Runtime dir (default $CLOVER_GGUF_RUNTIME_DIR or <cache>/runtime).",
+)
+@click.option(
+    "--cmake-arg",
+    "cmake_arg",
+    multiple=True,
+    help="Extra cmake argument (repeatable), e.g. -DCUDA_cublas_LIBRARY=/path/libcublas.so.13.",
+)
 def runtime_build_cmd(cuda, cuda_arch, jobs, force, targets, no_install, root, cmake_arg):
     """Fetch the sdist, apply patches/*.patch, build once with cmake+ninja, install."""
     from .runtime.build import BuildError, build_runtime
 
     try:
-        build_runtime(cuda=cuda, cuda_archs=cuda_arch.replace(",", ";") if cuda_arch else None,
-                      jobs=jobs, force=force, targets=targets.split(",") if targets else None,
-                      install=not no_install, root=root, extra_cmake_args=cmake_arg)
+        build_runtime(
+            cuda=cuda,
+            cuda_archs=cuda_arch.replace(",", ";") if cuda_arch else None,
+            jobs=jobs,
+            force=force,
+            targets=targets.split(",") if targets else None,
+            install=not no_install,
+            root=root,
+            extra_cmake_args=cmake_arg,
+        )
     except BuildError as e:
-        raise click.ClickException(str(e))
+        raise click.ClickException(str(e)) from None
 
 
 @runtime_group.command("paths")
@@ -232,8 +367,10 @@ def runtime_paths_cmd():
     for k, v in runtime_paths().items():
         click.echo(f"{k:18s} {v}")
 
+
 # --- eval commands (eval quality, eval speed, report) -----------------------------------
-from .eval.commands import eval_group as _eval_group, report_command as _report_command  # noqa: E402
+from .eval.commands import eval_group as _eval_group  # noqa: E402
+from .eval.commands import report_command as _report_command  # noqa: E402
 
 cli.add_command(_eval_group)
 cli.add_command(_report_command)

@@ -7,8 +7,19 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .constants import (CONFIG_KEYS, EXPERT_TENSORS, EXPERTS_AFTER, GLOBAL_TENSORS_FIRST, GLOBAL_TENSORS_LAST,
-                        HF_ARCHITECTURE, HF_EXPERT_FUSED_SHAPES, HF_EXPERT_PER, LAYER_TENSORS, MODEL_TYPE, dims)
+from .constants import (
+    CONFIG_KEYS,
+    EXPERT_TENSORS,
+    EXPERTS_AFTER,
+    GLOBAL_TENSORS_FIRST,
+    GLOBAL_TENSORS_LAST,
+    HF_ARCHITECTURE,
+    HF_EXPERT_FUSED_SHAPES,
+    HF_EXPERT_PER,
+    LAYER_TENSORS,
+    MODEL_TYPE,
+    dims,
+)
 
 
 class ConfigError(ValueError):
@@ -41,7 +52,7 @@ class CloverConfig:
 
     # ---- construction -----------------------------------------------------------------
     @classmethod
-    def from_dict(cls, d: dict, source: str = "config.json") -> "CloverConfig":
+    def from_dict(cls, d: dict, source: str = "config.json") -> CloverConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"{source}: expected a JSON object")
         if d.get("model_type", MODEL_TYPE) != MODEL_TYPE:
@@ -66,7 +77,7 @@ class CloverConfig:
         return cfg
 
     @classmethod
-    def load(cls, path: str | Path) -> "CloverConfig":
+    def load(cls, path: str | Path) -> CloverConfig:
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
@@ -79,21 +90,35 @@ class CloverConfig:
         return cls.from_dict(d, source=str(p))
 
     def validate(self, source: str = "config.json") -> None:
-        pos = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-               "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
-               "moe_intermediate_size", "shared_expert_intermediate_size", "conv_kernel_size",
-               "block_size"]
+        pos = [
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "conv_kernel_size",
+            "block_size",
+        ]
         for k in pos:
             if getattr(self, k) <= 0:
                 raise ConfigError(f"{source}: key '{k}' must be positive, got {getattr(self, k)}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"{source}: key 'num_attention_heads' ({self.num_attention_heads}) must be "
-                              f"divisible by 'num_key_value_heads' ({self.num_key_value_heads})")
+            raise ConfigError(
+                f"{source}: key 'num_attention_heads' ({self.num_attention_heads}) must be "
+                f"divisible by 'num_key_value_heads' ({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
             raise ConfigError(f"{source}: key 'head_dim' must be even for RoPE, got {self.head_dim}")
         if self.num_experts_per_tok > self.num_experts:
-            raise ConfigError(f"{source}: key 'num_experts_per_tok' ({self.num_experts_per_tok}) exceeds "
-                              f"'num_experts' ({self.num_experts})")
+            raise ConfigError(
+                f"{source}: key 'num_experts_per_tok' ({self.num_experts_per_tok}) exceeds "
+                f"'num_experts' ({self.num_experts})"
+            )
         for k in ("mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id"):
             v = getattr(self, k)
             if not 0 <= v < self.vocab_size:
@@ -126,10 +151,17 @@ class CloverConfig:
 
     def symbols(self) -> dict[str, int]:
         """The shape symbols of constants.TensorSpec."""
-        return {"V": self.vocab_size, "d": self.hidden_size, "H": self.num_attention_heads,
-                "Hkv": self.num_key_value_heads, "D": self.head_dim, "E": self.num_experts,
-                "Fe": self.moe_intermediate_size, "Fs": self.shared_expert_intermediate_size,
-                "Kc": self.conv_kernel_size}
+        return {
+            "V": self.vocab_size,
+            "d": self.hidden_size,
+            "H": self.num_attention_heads,
+            "Hkv": self.num_key_value_heads,
+            "D": self.head_dim,
+            "E": self.num_experts,
+            "Fe": self.moe_intermediate_size,
+            "Fs": self.shared_expert_intermediate_size,
+            "Kc": self.conv_kernel_size,
+        }
 
     def expected_tensors(self, fused: bool = False) -> dict[str, tuple[int, ...]]:
         """HF tensor name -> shape, in spec section 5 order (constants' tensor table)."""
@@ -162,20 +194,50 @@ class CloverConfig:
 
 PRESETS: dict[str, dict] = {
     # Clover-35B-A3B's shapes (spec section 1); token ids are placeholders for synth.
-    "clover-35b-a3b": dict(vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
-                           num_attention_heads=16, num_key_value_heads=4, head_dim=256,
-                           num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
-                           shared_expert_intermediate_size=512, conv_kernel_size=4, block_size=32,
-                           rms_norm_eps=1e-6, rope_theta=10000000.0, mask_token_id=248319,
-                           bos_token_id=248316, eos_token_id=248317, pad_token_id=248317,
-                           norm_topk_prob=True, tie_word_embeddings=False),
-    "clover-tiny": dict(vocab_size=8192, hidden_size=256, num_hidden_layers=4,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-                        shared_expert_intermediate_size=256, conv_kernel_size=4, block_size=16,
-                        rms_norm_eps=1e-6, rope_theta=10000.0, mask_token_id=1,
-                        bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                        norm_topk_prob=True, tie_word_embeddings=False),
+    "clover-35b-a3b": dict(
+        vocab_size=248320,
+        hidden_size=2048,
+        num_hidden_layers=40,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=256,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        conv_kernel_size=4,
+        block_size=32,
+        rms_norm_eps=1e-6,
+        rope_theta=10000000.0,
+        mask_token_id=248319,
+        bos_token_id=248316,
+        eos_token_id=248317,
+        pad_token_id=248317,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
+    "clover-tiny": dict(
+        vocab_size=8192,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+        conv_kernel_size=4,
+        block_size=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        mask_token_id=1,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
 }
 
 

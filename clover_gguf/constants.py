@@ -42,6 +42,7 @@ CONFIG_KEYS: dict[str, type] = {
 # l2norm(x) = x / sqrt(sum(x^2) + L2NORM_EPS)  (spec section 2.3)
 L2NORM_EPS = 1e-6
 
+
 # --- GGUF metadata keys (arch-prefixed keys use "{arch}") ------------------------------
 class Keys:
     # llama.cpp standard keys, same meaning
@@ -63,9 +64,9 @@ class Keys:
     EXPERT_WEIGHTS_NORM = "{arch}.expert_weights_norm"
     EXPERT_GATING_FUNC = "{arch}.expert_gating_func"  # 1 = softmax (llama.cpp enum)
     # Clover's own
-    DIFFUSION_BLOCK_SIZE = "{arch}.diffusion.block_size"   # default decoding block B
-    CONV_KERNEL = "{arch}.conv.kernel_size"                # K_c of the right-context conv
-    MEMORY_L2NORM_EPS = "{arch}.memory.l2norm_epsilon"     # eps of l2norm on q/k
+    DIFFUSION_BLOCK_SIZE = "{arch}.diffusion.block_size"  # default decoding block B
+    CONV_KERNEL = "{arch}.conv.kernel_size"  # K_c of the right-context conv
+    MEMORY_L2NORM_EPS = "{arch}.memory.l2norm_epsilon"  # eps of l2norm on q/k
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"
     TOKENIZER_PRE = "tokenizer.ggml.pre"
@@ -81,11 +82,11 @@ class Keys:
     # --- converter (clover_gguf.convert) ---
     VOCAB_SIZE = "{arch}.vocab_size"
     GENERAL_ARCHITECTURE = "general.architecture"
-    GENERAL_TYPE = "general.type"                          # "model"
+    GENERAL_TYPE = "general.type"  # "model"
     GENERAL_NAME = "general.name"
     GENERAL_SIZE_LABEL = "general.size_label"
     GENERAL_LICENSE = "general.license"
-    GENERAL_FILE_TYPE = "general.file_type"                # llama_ftype of the experts' type
+    GENERAL_FILE_TYPE = "general.file_type"  # llama_ftype of the experts' type
     GENERAL_QUANT_VERSION = "general.quantization_version"
     TOKENIZER_TOKENS = "tokenizer.ggml.tokens"
     TOKENIZER_TOKEN_TYPE = "tokenizer.ggml.token_type"
@@ -95,7 +96,7 @@ class Keys:
     # true when the file carries the converter's byte-level placeholder vocabulary (the
     # model dir had no tokenizer.json); such a file loads but does not tokenize text
     TOKENIZER_PLACEHOLDER = "clover_gguf.tokenizer_placeholder"
-    SOURCE_LAYOUT = "clover_gguf.source_expert_layout"    # "per_expert" | "fused"
+    SOURCE_LAYOUT = "clover_gguf.source_expert_layout"  # "per_expert" | "fused"
     # llama-quantize's own provenance keys when an imatrix weighted the quantization
     QUANTIZE_IMATRIX_FILE = "quantize.imatrix.file"
     QUANTIZE_IMATRIX_DATASET = "quantize.imatrix.dataset"
@@ -113,8 +114,8 @@ class Keys:
 
 
 EXPERT_GATING_FUNC_SOFTMAX = 1  # llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
-TOKENIZER_PRE_NAME = "qwen2"    # llama.cpp pre-tokenizer matching Qwen2's regex
-TOKENIZER_MODEL_NAME = "gpt2"   # llama.cpp's name for byte-level BPE vocabularies
+TOKENIZER_PRE_NAME = "qwen2"  # llama.cpp pre-tokenizer matching Qwen2's regex
+TOKENIZER_MODEL_NAME = "gpt2"  # llama.cpp's name for byte-level BPE vocabularies
 GENERAL_TYPE_MODEL = "model"
 GENERAL_TYPE_IMATRIX = "imatrix"
 IMATRIX_SUM2_SUFFIX = ".in_sum2"
@@ -123,7 +124,7 @@ IMATRIX_COUNTS_SUFFIX = ".counts"
 # {arch}.context_length, so the converter writes this unless config.json has
 # max_position_embeddings.
 DEFAULT_CONTEXT_LENGTH = 262144
-PLACEHOLDER_TOKEN = "<|clover_placeholder_{i}|>"   # placeholder vocabulary, ids >= 256
+PLACEHOLDER_TOKEN = "<|clover_placeholder_{i}|>"  # placeholder vocabulary, ids >= 256
 
 # --- tensor names ----------------------------------------------------------------------
 # The one table of Clover's tensors: HF name (with {bid} for the layer), GGUF name, shape in
@@ -175,7 +176,7 @@ LAYER_TENSORS = (
     TensorSpec(_L + "mlp.shared_expert.down_proj.weight", "blk.{bid}.ffn_down_shexp.weight", ("d", "Fs")),
     TensorSpec(_L + "mlp.shared_expert_gate.weight", "blk.{bid}.ffn_gate_inp_shexp.weight", ("1", "d")),
 )
-EXPERTS_AFTER = _L + "mlp.gate.weight"   # spec order: the routed experts follow the router
+EXPERTS_AFTER = _L + "mlp.gate.weight"  # spec order: the routed experts follow the router
 
 # Routed experts. In GGUF (and in the reference model) they are stacked [E, rows, cols] per
 # projection. Checkpoints hold them per expert or fused (gate rows first in gate_up_proj).
@@ -185,9 +186,9 @@ EXPERT_TENSORS = {  # proj -> (GGUF name, per-expert shape)
     "up": ("blk.{bid}.ffn_up_exps.weight", ("Fe", "d")),
     "down": ("blk.{bid}.ffn_down_exps.weight", ("d", "Fe")),
 }
-HF_EXPERT_PER = _L + "mlp.experts.{xid}.{proj}_proj.weight"                  # [rows, cols] each
-HF_EXPERT_FUSED_GATE_UP = _L + "mlp.experts.gate_up_proj"                    # [E, 2*Fe, d]
-HF_EXPERT_FUSED_DOWN = _L + "mlp.experts.down_proj"                          # [E, d, Fe]
+HF_EXPERT_PER = _L + "mlp.experts.{xid}.{proj}_proj.weight"  # [rows, cols] each
+HF_EXPERT_FUSED_GATE_UP = _L + "mlp.experts.gate_up_proj"  # [E, 2*Fe, d]
+HF_EXPERT_FUSED_DOWN = _L + "mlp.experts.down_proj"  # [E, d, Fe]
 HF_EXPERT_FUSED_SHAPES = {HF_EXPERT_FUSED_GATE_UP: ("E", "2*Fe", "d"), HF_EXPERT_FUSED_DOWN: ("E", "d", "Fe")}
 
 GGUF_EXPERT_NAME = {proj: gguf for proj, (gguf, _) in EXPERT_TENSORS.items()}

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import torch
 
-from .util import DEFAULT_MODEL
 from .reference.generate import GenerationConfig, GenerationResult, TorchBackend, generate
-
+from .util import DEFAULT_MODEL
 
 
 @dataclass
@@ -43,35 +42,62 @@ def _messages(prompt: str, system: str | None) -> list[dict]:
     return msgs + [{"role": "user", "content": prompt}]
 
 
-def run(model: str | Path = DEFAULT_MODEL, prompt: str | None = None, prompt_ids: list[int] | None = None,
-        block_size: int | None = None, steps: int | None = None, threshold: float | None = None,
-        temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 64,
-        chat: bool = False, think: bool = True, system: str | None = None,
-        threads: int | None = None, n_gpu_layers: int = 0, experts_on_cpu: bool = False,
-        dtype: str = "float32", on_block=None) -> RunOutput:
+def run(
+    model: str | Path = DEFAULT_MODEL,
+    prompt: str | None = None,
+    prompt_ids: list[int] | None = None,
+    block_size: int | None = None,
+    steps: int | None = None,
+    threshold: float | None = None,
+    temp: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+    chat: bool = False,
+    think: bool = True,
+    system: str | None = None,
+    threads: int | None = None,
+    n_gpu_layers: int = 0,
+    experts_on_cpu: bool = False,
+    dtype: str = "float32",
+    on_block=None,
+) -> RunOutput:
     """Generate a completion. `model` is a safetensors model folder or a .gguf file."""
     model = Path(model)
     if prompt is None and prompt_ids is None:
         raise ValueError("give a prompt or prompt ids")
     if model.suffix == ".gguf":
         from .runtime.runtime import CloverRuntime
+
         rt = CloverRuntime(model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu)
         text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt
         ids = list(prompt_ids) if prompt_ids is not None else rt.tokenize(text)
-        cfg = GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size or rt.default_block_size,
-                               steps=steps, threshold=threshold, temperature=temp, top_k=top_k, top_p=top_p,
-                               seed=seed, mask_token_id=rt.mask_token_id, eos_token_id=rt.eos_token_id)
+        cfg = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            block_size=block_size or rt.default_block_size,
+            steps=steps,
+            threshold=threshold,
+            temperature=temp,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            mask_token_id=rt.mask_token_id,
+            eos_token_id=rt.eos_token_id,
+        )
         res = rt.generate(ids, cfg, on_block=on_block)
         completion = rt.detokenize(res.tokens) if prompt_ids is None else None
         return RunOutput(completion, ids, res, "llama.cpp")
 
     from .reference.model import CloverModel
+
     if threads:
         torch.set_num_threads(threads)
     m = CloverModel.from_pretrained(model, dtype=getattr(torch, dtype))
     tok = None
     if (model / "tokenizer.json").exists():
         from .tokenizer import CloverTokenizer
+
         tok = CloverTokenizer.from_dir(model)
     if prompt_ids is not None:
         ids = list(prompt_ids)
@@ -81,9 +107,18 @@ def run(model: str | Path = DEFAULT_MODEL, prompt: str | None = None, prompt_ids
         text = tok.apply_chat_template(_messages(prompt, system), enable_thinking=think) if chat else prompt
         ids = tok.encode(text)
     c = m.config
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size or c.block_size,
-                           steps=steps, threshold=threshold, temperature=temp, top_k=top_k, top_p=top_p,
-                           seed=seed, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id)
+    cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        block_size=block_size or c.block_size,
+        steps=steps,
+        threshold=threshold,
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        mask_token_id=c.mask_token_id,
+        eos_token_id=c.eos_token_id,
+    )
     res = generate(TorchBackend(m), ids, cfg, on_block=on_block)
     completion = tok.decode(res.tokens) if tok is not None and prompt_ids is None else None
     return RunOutput(completion, ids, res, f"pytorch-{dtype}")
@@ -97,7 +132,9 @@ def print_output(out: RunOutput, as_json: bool) -> None:
         return
     print(out.completion if out.completion is not None else " ".join(map(str, d["token_ids"])))
     steps = [b["steps"] for b in d["blocks"]]
-    print(f"\n[{d['backend']}] prompt {len(out.prompt_ids)} tok, generated {len(d['token_ids'])} tok "
-          f"in {len(steps)} blocks, {sum(steps)} steps; "
-          f"prefill {d['prompt_tokens_per_s'] or 0:.1f} tok/s, generation {d['gen_tokens_per_s'] or 0:.1f} tok/s",
-          file=sys.stderr)
+    print(
+        f"\n[{d['backend']}] prompt {len(out.prompt_ids)} tok, generated {len(d['token_ids'])} tok "
+        f"in {len(steps)} blocks, {sum(steps)} steps; "
+        f"prefill {d['prompt_tokens_per_s'] or 0:.1f} tok/s, generation {d['gen_tokens_per_s'] or 0:.1f} tok/s",
+        file=sys.stderr,
+    )

@@ -36,9 +36,15 @@ QWEN2_PRETOKENIZE_REGEX = (
 )
 
 EOT, MASK, IM_START, IM_END, THINK, END_THINK = (
-    "<|endoftext|>", "<|mask|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
-SPECIAL_TOKENS = [EOT, MASK, IM_START, IM_END, THINK, END_THINK]      # ids 0..5
-CONTROL_TOKENS = frozenset({EOT, MASK, IM_START, IM_END})              # special=True
+    "<|endoftext|>",
+    "<|mask|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+)
+SPECIAL_TOKENS = [EOT, MASK, IM_START, IM_END, THINK, END_THINK]  # ids 0..5
+CONTROL_TOKENS = frozenset({EOT, MASK, IM_START, IM_END})  # special=True
 DEFAULT_VOCAB_SIZE = 8192
 MODEL_MAX_LENGTH = 8192
 
@@ -88,14 +94,16 @@ class TokenizerError(RuntimeError):
 
 # --- training --------------------------------------------------------------------------
 
+
 def _bpe_pipeline() -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
-    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
-                                              use_regex=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     return tok
 
@@ -106,8 +114,14 @@ def tokenizer_config(model_max_length: int = MODEL_MAX_LENGTH) -> dict:
         "add_eos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": {
-            str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": t in CONTROL_TOKENS}
+            str(i): {
+                "content": t,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": t in CONTROL_TOKENS,
+            }
             for i, t in enumerate(SPECIAL_TOKENS)
         },
         "additional_special_tokens": [IM_START, IM_END],
@@ -125,47 +139,62 @@ def tokenizer_config(model_max_length: int = MODEL_MAX_LENGTH) -> dict:
     }
 
 
-def train_tokenizer(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                    texts: Iterable[str] | None = None, min_frequency: int = 2,
-                    verbose: bool = True) -> "CloverTokenizer":
+def train_tokenizer(
+    out_dir: str | Path,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    texts: Iterable[str] | None = None,
+    min_frequency: int = 2,
+    verbose: bool = True,
+) -> CloverTokenizer:
     """Train the byte-level BPE on the TRAIN split (clover_gguf.data.train_files()) unless
     ``texts`` is given; write tokenizer.json + tokenizer_config.json to ``out_dir``.
     ``vocab_size`` counts the 6 special tokens and the 256 byte symbols."""
     if texts is None:
         from .train.data import read_corpus, train_files
+
         texts = read_corpus(train_files())
     texts = list(texts)
     t0 = time.time()
     tok = _bpe_pipeline()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t in SPECIAL_TOKENS if t in CONTROL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t in SPECIAL_TOKENS if t not in CONTROL_TOKENS])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if t in CONTROL_TOKENS]
+    )
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in SPECIAL_TOKENS if t not in CONTROL_TOKENS])
     for i, t in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(t) != i:
             raise TokenizerError(f"special token {t} got id {tok.token_to_id(t)}, expected {i}")
     if tok.get_vocab_size(with_added_tokens=True) != vocab_size:
-        raise TokenizerError(f"trained vocab has {tok.get_vocab_size(with_added_tokens=True)} "
-                             f"tokens, asked for {vocab_size} (corpus too small?)")
+        raise TokenizerError(
+            f"trained vocab has {tok.get_vocab_size(with_added_tokens=True)} "
+            f"tokens, asked for {vocab_size} (corpus too small?)"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n")
     if verbose:
-        print(f"trained BPE vocab={vocab_size} on {len(texts)} texts "
-              f"({sum(map(len, texts))} chars) in {time.time() - t0:.1f}s -> {out}")
+        print(
+            f"trained BPE vocab={vocab_size} on {len(texts)} texts "
+            f"({sum(map(len, texts))} chars) in {time.time() - t0:.1f}s -> {out}"
+        )
     return CloverTokenizer.from_dir(out)
 
 
 # --- loading ---------------------------------------------------------------------------
 
+
 @dataclass
 class GGUFVocab:
     """What a GGUF writer needs (llama.cpp 'gpt2' BPE vocabulary)."""
+
     tokens: list[str]
     token_types: list[int]
     merges: list[str]
@@ -188,8 +217,7 @@ def render_chat_template(template: str, **ctx) -> str:
     def raise_exception(msg):
         raise TokenizerError(msg)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
     env.globals["raise_exception"] = raise_exception
     return env.from_string(template).render(**ctx)
@@ -217,7 +245,7 @@ class CloverTokenizer:
         self.chat_template = config.get("chat_template")
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "CloverTokenizer":
+    def from_dir(cls, path: str | Path) -> CloverTokenizer:
         path = Path(path)
         tj, tc = path / "tokenizer.json", path / "tokenizer_config.json"
         for f in (tj, tc):
@@ -253,15 +281,20 @@ class CloverTokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(int(i))
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            enable_thinking: bool = True, **kwargs) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True, **kwargs
+    ) -> str:
         if not self.chat_template:
             raise TokenizerError("tokenizer_config.json has no chat_template")
-        return render_chat_template(self.chat_template, messages=messages,
-                                add_generation_prompt=add_generation_prompt,
-                                enable_thinking=enable_thinking,
-                                bos_token=self.config.get("bos_token"),
-                                eos_token=self.config.get("eos_token"), **kwargs)
+        return render_chat_template(
+            self.chat_template,
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            bos_token=self.config.get("bos_token"),
+            eos_token=self.config.get("eos_token"),
+            **kwargs,
+        )
 
     def to_gguf_vocab(self) -> GGUFVocab:
         tj = json.loads(self._json)
@@ -277,8 +310,15 @@ class CloverTokenizer:
             else:
                 types.append(TOKEN_NORMAL)
         merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-        return GGUFVocab(tokens=tokens, token_types=types, merges=merges, bos_id=self.bos_id,
-                         eos_id=self.eos_id, pad_id=self.pad_id, mask_id=self.mask_id,
-                         add_bos=bool(self.config.get("add_bos_token", False)),
-                         add_eos=bool(self.config.get("add_eos_token", False)),
-                         chat_template=self.chat_template)
+        return GGUFVocab(
+            tokens=tokens,
+            token_types=types,
+            merges=merges,
+            bos_id=self.bos_id,
+            eos_id=self.eos_id,
+            pad_id=self.pad_id,
+            mask_id=self.mask_id,
+            add_bos=bool(self.config.get("add_bos_token", False)),
+            add_eos=bool(self.config.get("add_eos_token", False)),
+            chat_template=self.chat_template,
+        )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO_ROOT / "models" / "clover-tiny"
-EVALDATA = REPO_ROOT / "evaldata"       # held-out split, prompt sets, committed reports
+EVALDATA = REPO_ROOT / "evaldata"  # held-out split, prompt sets, committed reports
 
 
 def default_threads() -> int:

@@ -63,7 +63,8 @@ QWEN_TENSORS = re.compile(
     r"^(model\.embed_tokens\.weight|lm_head\.weight|model\.norm\.weight|"
     r"model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight|"
     r"model\.layers\.\d+\.self_attn\.(q|k|v|o)_proj\.weight|model\.layers\.\d+\.self_attn\.(q|k)_norm\.weight|"
-    r"model\.layers\.\d+\.mlp\.gate\.weight|model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight)$")
+    r"model\.layers\.\d+\.mlp\.gate\.weight|model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight)$"
+)
 
 
 def log(*a):
@@ -129,15 +130,30 @@ def write_qwen3(clover_dir: Path, out: Path, shard_mb: int = 2000) -> Path:
         os.close(fd)
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     cfg = {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": c.head_dim, "num_experts": c.num_experts, "num_experts_per_tok": c.num_experts_per_tok,
-        "moe_intermediate_size": c.moe_intermediate_size, "intermediate_size": 6144,
-        "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "max_position_embeddings": 262144,
-        "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "torch_dtype": "bfloat16",
-        "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "num_experts": c.num_experts,
+        "num_experts_per_tok": c.num_experts_per_tok,
+        "moe_intermediate_size": c.moe_intermediate_size,
+        "intermediate_size": 6144,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_id,
     }
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -157,8 +173,12 @@ def synth_imatrix(path: Path, c, seed=0):
             cnt = rng.integers(0, 400, E).astype(np.float32)
             sums[n] = (rng.gamma(2.0, 1.0, (E, cols)) * cnt[:, None]).astype(np.float32)
             counts[n] = cnt
-        for t, cols in (("attn_q", d), ("attn_k", d), ("attn_v", d),
-                        ("attn_output", c.num_attention_heads * c.head_dim)):
+        for t, cols in (
+            ("attn_q", d),
+            ("attn_k", d),
+            ("attn_v", d),
+            ("attn_output", c.num_attention_heads * c.head_dim),
+        ):
             n = f"blk.{bid}.{t}.weight"
             sums[n] = (rng.gamma(2.0, 1.0, (1, cols)) * 1000).astype(np.float32)
             counts[n] = np.array([1000], np.float32)
@@ -168,8 +188,13 @@ def synth_imatrix(path: Path, c, seed=0):
 def timed(cmd, env=None, cwd=None) -> dict:
     log("$", " ".join(map(str, cmd)))
     t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-v", *map(str, cmd)], env=env, cwd=cwd,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run(
+        ["/usr/bin/time", "-v", *map(str, cmd)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
     if p.returncode != 0:
@@ -180,6 +205,7 @@ def timed(cmd, env=None, cwd=None) -> dict:
 
 def tensor_bytes(path, names):
     from gguf import GGUFReader
+
     r = GGUFReader(path)
     return {t.name: np.asarray(t.data).tobytes() for t in r.tensors if t.name in names}
 
@@ -208,12 +234,15 @@ def run_layers(L: int, args, results: dict):
     def mine(name, extra):
         out = outd / f"clover-{name}.gguf"
         warm(sorted(cdir.glob("*.safetensors")))
-        r = timed([py, "-m", "clover_gguf.cli", "convert", cdir, "-o", out, "--force", "-q", "-t", th, *extra],
-                  env=env, cwd=REPO)
+        r = timed(
+            [py, "-m", "clover_gguf.cli", "convert", cdir, "-o", out, "--force", "-q", "-t", th, *extra],
+            env=env,
+            cwd=REPO,
+        )
         r.update(input_bytes=in_c, output_bytes=out.stat().st_size, path=str(out))
         runs[f"clover {name}"] = r
 
-    full = L == max(args.layer_list)   # the smaller layer counts only feed the fit of the q4_k runs
+    full = L == max(args.layer_list)  # the smaller layer counts only feed the fit of the q4_k runs
     if full:
         mine("bf16", ["--experts", "bf16"])
     # the rest at Q8_0 like llama-quantize's Q8_0 ftype, so that both files hold the same types
@@ -224,14 +253,20 @@ def run_layers(L: int, args, results: dict):
     # llama.cpp step 1: convert_hf_to_gguf.py (pre-tokenizer check bypassed: our tokenizer's
     # hash is not in its table; the vocabulary is tiny next to the tensors)
     lenv = dict(env)
-    lenv["PYTHONPATH"] = os.pathsep.join([str(Path(args.pythonpath)) if args.pythonpath else "",
-                                          str(Path(args.llama_cpp)), str(Path(args.llama_cpp) / "gguf-py")])
+    lenv["PYTHONPATH"] = os.pathsep.join(
+        [
+            str(Path(args.pythonpath)) if args.pythonpath else "",
+            str(Path(args.llama_cpp)),
+            str(Path(args.llama_cpp) / "gguf-py"),
+        ]
+    )
     q_bf16 = outd / "qwen3moe-bf16.gguf"
     wrapper = (
         "import sys, runpy; import conversion.base as b; "
         "b.TextModel.get_vocab_base_pre = lambda self, tok: 'qwen2'; "
         f"sys.argv = ['convert_hf_to_gguf.py', {str(qdir)!r}, '--outfile', {str(q_bf16)!r}, '--outtype', 'bf16']; "
-        f"runpy.run_path({str(Path(args.llama_cpp) / 'convert_hf_to_gguf.py')!r}, run_name='__main__')")
+        f"runpy.run_path({str(Path(args.llama_cpp) / 'convert_hf_to_gguf.py')!r}, run_name='__main__')"
+    )
     warm(sorted(qdir.glob("*.safetensors")))
     r = timed([py, "-c", wrapper], env=lenv)
     r.update(input_bytes=in_q, output_bytes=q_bf16.stat().st_size, path=str(q_bf16))
@@ -241,8 +276,23 @@ def run_layers(L: int, args, results: dict):
         out = outd / f"qwen3moe-{name}.gguf"
         warm([q_bf16])
         # overrides apply only under a quantized ftype: Q8_0 for the rest, experts Q4_K
-        r = timed([args.llama_quantize, *extra, "--tensor-type", "ffn_gate_exps=q4_k", "--tensor-type",
-                   "ffn_up_exps=q4_k", "--tensor-type", "ffn_down_exps=q4_k", q_bf16, out, "Q8_0", th], env=env)
+        r = timed(
+            [
+                args.llama_quantize,
+                *extra,
+                "--tensor-type",
+                "ffn_gate_exps=q4_k",
+                "--tensor-type",
+                "ffn_up_exps=q4_k",
+                "--tensor-type",
+                "ffn_down_exps=q4_k",
+                q_bf16,
+                out,
+                "Q8_0",
+                th,
+            ],
+            env=env,
+        )
         r.update(input_bytes=q_bf16.stat().st_size, output_bytes=out.stat().st_size, path=str(out))
         runs[f"llama-quantize {name}"] = r
 
@@ -257,8 +307,12 @@ def run_layers(L: int, args, results: dict):
         a = tensor_bytes(runs[f"clover {tag}"]["path"], names)
         b = tensor_bytes(runs[f"llama-quantize {tag}"]["path"], names)
         same[tag] = all(a[n] == b[n] for n in names) and len(a) == len(names) == len(b)
-    results[L] = {"runs": {k: {kk: vv for kk, vv in v.items() if kk != "log"} for k, v in runs.items()},
-                  "experts_identical": same, "input_clover": in_c, "input_qwen": in_q}
+    results[L] = {
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "log"} for k, v in runs.items()},
+        "experts_identical": same,
+        "input_clover": in_c,
+        "input_qwen": in_q,
+    }
     if not args.keep:
         for p in outd.glob("*.gguf"):
             p.unlink()
@@ -269,22 +323,29 @@ def report(results: dict, args):
     print(f"\nClover-35B-A3B shapes, layers {Ls}; {os.cpu_count()} CPUs (shared), threads {args.threads}")
     for L in Ls:
         R = results[L]
-        print(f"\n== {L} layer(s): clover input {R['input_clover'] / 1e9:.2f} GB, "
-              f"qwen3moe input {R['input_qwen'] / 1e9:.2f} GB ==")
+        print(
+            f"\n== {L} layer(s): clover input {R['input_clover'] / 1e9:.2f} GB, "
+            f"qwen3moe input {R['input_qwen'] / 1e9:.2f} GB =="
+        )
         print(f"{'run':<40} {'wall s':>8} {'in GB/s':>8} {'peak RSS MiB':>13} {'output GB':>10}")
         for name, r in R["runs"].items():
-            print(f"{name:<40} {r['wall_s']:8.1f} {r['input_bytes'] / r['wall_s'] / 1e9:8.3f} "
-                  f"{r['peak_rss_mib']:13.0f} {r['output_bytes'] / 1e9:10.3f}")
+            print(
+                f"{name:<40} {r['wall_s']:8.1f} {r['input_bytes'] / r['wall_s'] / 1e9:8.3f} "
+                f"{r['peak_rss_mib']:13.0f} {r['output_bytes'] / 1e9:10.3f}"
+            )
         ru = R["runs"]
         for tag in R["experts_identical"]:
             mine = ru[f"clover {tag}"]
             theirs_t = ru["llama.cpp convert_hf_to_gguf bf16"]["wall_s"] + ru[f"llama-quantize {tag}"]["wall_s"]
-            theirs_rss = max(ru["llama.cpp convert_hf_to_gguf bf16"]["peak_rss_mib"],
-                             ru[f"llama-quantize {tag}"]["peak_rss_mib"])
-            print(f"end to end {tag:<13}: clover-gguf {mine['wall_s']:.1f}s, llama.cpp two steps {theirs_t:.1f}s "
-                  f"(x{theirs_t / mine['wall_s']:.2f}); peak RSS {mine['peak_rss_mib']:.0f} vs {theirs_rss:.0f} MiB "
-                  f"({100 * mine['peak_rss_mib'] / theirs_rss:.1f}%); expert blocks identical: "
-                  f"{R['experts_identical'][tag]}")
+            theirs_rss = max(
+                ru["llama.cpp convert_hf_to_gguf bf16"]["peak_rss_mib"], ru[f"llama-quantize {tag}"]["peak_rss_mib"]
+            )
+            print(
+                f"end to end {tag:<13}: clover-gguf {mine['wall_s']:.1f}s, llama.cpp two steps {theirs_t:.1f}s "
+                f"(x{theirs_t / mine['wall_s']:.2f}); peak RSS {mine['peak_rss_mib']:.0f} vs {theirs_rss:.0f} MiB "
+                f"({100 * mine['peak_rss_mib'] / theirs_rss:.1f}%); expert blocks identical: "
+                f"{R['experts_identical'][tag]}"
+            )
     if len(Ls) >= 2:
         a_L, b_L = Ls[0], Ls[-1]
         print(f"\n== extrapolated to 40 layers (linear in layers from {a_L} and {b_L}) ==")
@@ -302,17 +363,21 @@ def report(results: dict, args):
             if key in results[a_L]["runs"]:
                 e[key] = tuple(fit(key, f) for f in ("wall_s", "peak_rss_mib", "output_bytes"))
                 how = "fit"
-            else:   # measured at b_L only: RSS as measured (streaming: it does not grow with
+            else:  # measured at b_L only: RSS as measured (streaming: it does not grow with
                 # layers); same output types as its family's fitted run -> scaled like it, else
                 # (the BF16 copy) time and output scaled with the input size
                 fam = family(key)
                 rb, rf = results[b_L]["runs"][key], results[b_L]["runs"][fam]
-                if abs(rb["output_bytes"] - rf["output_bytes"]) < 1e-3 * rf["output_bytes"]:  # same types (metadata aside)
+                if (
+                    abs(rb["output_bytes"] - rf["output_bytes"]) < 1e-3 * rf["output_bytes"]
+                ):  # same types (metadata aside)
                     k_t, k_o = fit(fam, "wall_s") / rf["wall_s"], fit(fam, "output_bytes") / rf["output_bytes"]
                     how = f"scaled as {fam}"
                 else:
                     in_key = "input_clover" if key.startswith("clover") else "input_qwen"
-                    in40 = results[a_L][in_key] + (results[b_L][in_key] - results[a_L][in_key]) / (b_L - a_L) * (40 - a_L)
+                    in40 = results[a_L][in_key] + (results[b_L][in_key] - results[a_L][in_key]) / (b_L - a_L) * (
+                        40 - a_L
+                    )
                     k_t = k_o = in40 / results[b_L][in_key]
                     how = "scaled with input size"
                 e[key] = (rb["wall_s"] * k_t, rb["peak_rss_mib"], rb["output_bytes"] * k_o)
@@ -320,8 +385,10 @@ def report(results: dict, args):
         for tag in ("q4_k", "q4_k+imatrix"):
             theirs = e["llama.cpp convert_hf_to_gguf bf16"][0] + e[f"llama-quantize {tag}"][0]
             mine = e[f"clover {tag}"][0]
-            print(f"end to end {tag:<13}: clover-gguf {mine / 60:.1f} min vs llama.cpp {theirs / 60:.1f} min "
-                  f"(x{theirs / mine:.2f})")
+            print(
+                f"end to end {tag:<13}: clover-gguf {mine / 60:.1f} min vs llama.cpp {theirs / 60:.1f} min "
+                f"(x{theirs / mine:.2f})"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
@@ -331,9 +398,9 @@ def quality(model_dir: str, work: str, n_tokens: int = 8192, seq_len: int = 512)
     the source (BF16) weights, on held-out stdlib text (clover_gguf.data): mean KL and top-1
     agreement of the denoising logits (half the tokens of each block masked)."""
     from clover_gguf.convert.converter import convert
-    from clover_gguf.train.data import heldout_files, read_corpus
     from clover_gguf.gguf_io.reader import logit_agreement
     from clover_gguf.tokenizer import CloverTokenizer
+    from clover_gguf.train.data import heldout_files, read_corpus
 
     tok = CloverTokenizer.from_dir(model_dir)
     ids = []
@@ -345,21 +412,29 @@ def quality(model_dir: str, work: str, n_tokens: int = 8192, seq_len: int = 512)
     Path(work).mkdir(parents=True, exist_ok=True)
     print(f"\n== quality: {model_dir}, {len(ids)} held-out tokens, sequences of {seq_len}, mask ratio 0.5 ==")
     print(f"{'GGUF':<34} {'bpw':>6} {'mean KL':>9} {'top-1':>7} {'KL masked':>10} {'top-1 masked':>13}")
-    for name, kw in (("bf16", dict(recipe="bf16")), ("q8_0", dict(recipe="q8_0")),
-                     ("q4_k (experts Q4_K, rest BF16)", dict(recipe="q4_k")),
-                     ("q4_k_m", dict(recipe="q4_k_m")), ("q4_0 experts", dict(experts="q4_0")),
-                     ("mxfp4 experts", dict(experts="mxfp4"))):
+    for name, kw in (
+        ("bf16", dict(recipe="bf16")),
+        ("q8_0", dict(recipe="q8_0")),
+        ("q4_k (experts Q4_K, rest BF16)", dict(recipe="q4_k")),
+        ("q4_k_m", dict(recipe="q4_k_m")),
+        ("q4_0 experts", dict(experts="q4_0")),
+        ("mxfp4 experts", dict(experts="mxfp4")),
+    ):
         out = Path(work) / f"quality-{name.split()[0]}.gguf"
         res = convert(model_dir, out, force=True, progress=False, **kw)
         r = logit_agreement(model_dir, out, ids, seq_len=seq_len)
-        print(f"{name:<34} {res.plan.bpw:6.2f} {r['mean_kl']:9.2e} {r['top1_agreement']:7.3f} "
-              f"{r['mean_kl_masked']:10.2e} {r['top1_agreement_masked']:13.3f}")
+        print(
+            f"{name:<34} {res.plan.bpw:6.2f} {r['mean_kl']:9.2e} {r['top1_agreement']:7.3f} "
+            f"{r['mean_kl_masked']:10.2e} {r['top1_agreement_masked']:13.3f}"
+        )
 
 
 def main():
     if "--quality" in sys.argv:
         i = sys.argv.index("--quality")
-        quality(sys.argv[i + 1], sys.argv[sys.argv.index("--work") + 1] if "--work" in sys.argv else "/tmp/clover-quality")
+        quality(
+            sys.argv[i + 1], sys.argv[sys.argv.index("--work") + 1] if "--work" in sys.argv else "/tmp/clover-quality"
+        )
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="/tmp/clover-bench")
@@ -371,8 +446,12 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the output GGUFs")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--report-only", metavar="JSON", help="print the report of an earlier --json and exit")
-    ap.add_argument("--quality", metavar="MODEL_DIR", help="instead: KL / top-1 of the reference on dequantized "
-                    "weights vs the source, on held-out text, for several recipes (needs a tokenizer)")
+    ap.add_argument(
+        "--quality",
+        metavar="MODEL_DIR",
+        help="instead: KL / top-1 of the reference on dequantized "
+        "weights vs the source, on held-out text, for several recipes (needs a tokenizer)",
+    )
     if "--report-only" in sys.argv:
         i = sys.argv.index("--report-only")
         args = argparse.Namespace(json=None, threads=os.cpu_count())
@@ -385,7 +464,7 @@ def main():
     results = {}
     for L in args.layer_list:
         run_layers(L, args, results)
-        report(results, args)   # partial figures as soon as they exist
+        report(results, args)  # partial figures as soon as they exist
     print("\n(final)")
 
 

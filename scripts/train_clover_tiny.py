@@ -28,8 +28,8 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from clover_gguf.train import trainer as T  # noqa: E402
 from clover_gguf.config import preset  # noqa: E402
+from clover_gguf.train import trainer as T  # noqa: E402
 
 PROMPTS = [
     "def fibonacci(n):\n",
@@ -46,7 +46,9 @@ def log_print(msg: str) -> None:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(REPO / "models" / "clover-tiny"), help="model folder (tokenizer read from here)")
+    ap.add_argument(
+        "--out", default=str(REPO / "models" / "clover-tiny"), help="model folder (tokenizer read from here)"
+    )
     ap.add_argument("--ckpt-dir", default=str(REPO / "out" / "clover-tiny-train"))
     ap.add_argument("--cache-dir", default=str(REPO / ".cache" / "tokens"))
     ap.add_argument("--time-budget-min", type=float, default=None)
@@ -61,10 +63,18 @@ def parse_args(argv=None):
     ap.add_argument("--block-sizes", default="16,32,8")
     ap.add_argument("--block-probs", default="0.45,0.45,0.1")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "autocast", "fp32"])
-    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                    help="torch.compile the training forward (fuses the elementwise work)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads; 1 is fastest on the shared 2-core box (2 threads: OpenMP barrier stalls)")
+    ap.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="torch.compile the training forward (fuses the elementwise work)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads; 1 is fastest on the shared 2-core box (2 threads: OpenMP barrier stalls)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--experts", type=int, default=None)
@@ -78,8 +88,11 @@ def parse_args(argv=None):
     ap.add_argument("--eval-only", action="store_true", help="skip training: evaluate the model in --out")
     ap.add_argument("--no-final-eval", action="store_true")
     ap.add_argument("--card-only", action="store_true", help="rewrite README.md and loss.png from train_log.json")
-    ap.add_argument("--completions-only", action="store_true",
-                    help="with --eval-only: keep the held-out numbers in train_log.json, redo the completions")
+    ap.add_argument(
+        "--completions-only",
+        action="store_true",
+        help="with --eval-only: keep the held-out numbers in train_log.json, redo the completions",
+    )
     ap.add_argument("--final-eval-tokens", type=int, default=None, help="limit the final held-out eval (smoke tests)")
     return ap.parse_args(argv)
 
@@ -101,13 +114,27 @@ def model_config(a, vocab_size=None):
 
 def train_config(a) -> T.TrainConfig:
     return T.TrainConfig(
-        seed=a.seed, lr=a.lr, min_lr_frac=a.min_lr_frac, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps,
-        max_steps=a.max_steps, time_budget_min=a.time_budget_min, grad_clip=a.grad_clip,
-        tokens_per_batch=a.tokens_per_batch, seq_tokens=a.seq_tokens,
+        seed=a.seed,
+        lr=a.lr,
+        min_lr_frac=a.min_lr_frac,
+        weight_decay=a.weight_decay,
+        warmup_steps=a.warmup_steps,
+        max_steps=a.max_steps,
+        time_budget_min=a.time_budget_min,
+        grad_clip=a.grad_clip,
+        tokens_per_batch=a.tokens_per_batch,
+        seq_tokens=a.seq_tokens,
         block_sizes=tuple(int(x) for x in a.block_sizes.split(",")),
         block_probs=tuple(float(x) for x in a.block_probs.split(",")),
-        precision=a.precision, compile=a.compile, threads=a.threads, ckpt_every_min=a.ckpt_every_min,
-        eval_every_min=a.eval_every_min, ckpt_dir=a.ckpt_dir, out_dir=a.out, eval_tokens=a.eval_tokens)
+        precision=a.precision,
+        compile=a.compile,
+        threads=a.threads,
+        ckpt_every_min=a.ckpt_every_min,
+        eval_every_min=a.eval_every_min,
+        ckpt_dir=a.ckpt_dir,
+        out_dir=a.out,
+        eval_tokens=a.eval_tokens,
+    )
 
 
 def bench(a) -> None:
@@ -129,38 +156,52 @@ def bench(a) -> None:
             b = T.sample_batch(stream, n, B, nb, g, c.mask_token_id, c.pad_token_id)
             w0, c0 = time.time(), time.process_time()
             st = T.train_step(m, opt, b, tc, 1e-4, ms)
-            if i:   # the first step of a shape compiles / warms up
+            if i:  # the first step of a shape compiles / warms up
                 toks += st["n_tokens"]
                 wall += time.time() - w0
                 cpu += time.process_time() - c0
-        log_print(f"bench {spec} precision={tc.precision} compile={tc.compile}: {toks / 3:.0f} tok/step, "
-                  f"{toks / wall:.0f} tok/s wall, {toks / cpu:.0f} tok per CPU-s")
+        log_print(
+            f"bench {spec} precision={tc.precision} compile={tc.compile}: {toks / 3:.0f} tok/step, "
+            f"{toks / wall:.0f} tok/s wall, {toks / cpu:.0f} tok per CPU-s"
+        )
 
 
 def load_data(a, c):
-    from clover_gguf.train import data
     from clover_gguf.tokenizer import CloverTokenizer
+    from clover_gguf.train import data
+
     tok = CloverTokenizer.from_dir(a.out)
     if tok.vocab_size != c.vocab_size:
         raise SystemExit(f"tokenizer has {tok.vocab_size} tokens, config vocab_size is {c.vocab_size}")
-    ids = {"mask_token_id": tok.mask_id, "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
-           "pad_token_id": tok.pad_id}
+    ids = {
+        "mask_token_id": tok.mask_id,
+        "bos_token_id": tok.bos_id,
+        "eos_token_id": tok.eos_id,
+        "pad_token_id": tok.pad_id,
+    }
     for k, v in ids.items():
         if v is not None and getattr(c, k) != v:
             raise SystemExit(f"tokenizer {k} = {v}, config says {getattr(c, k)}")
     train_ids = data.train_tokens(tok, a.cache_dir)
     held_ids = data.heldout_tokens(tok, a.cache_dir)
     m = data.load_heldout_manifest(check=False)
-    info = {"train_files": len(data.train_files()), "heldout_files": len(m["files"]),
-            "heldout_modules": m["modules"], "train_tokens": int(train_ids.size),
-            "heldout_tokens": int(held_ids.size), "python_version": data.python_version()}
+    info = {
+        "train_files": len(data.train_files()),
+        "heldout_files": len(m["files"]),
+        "heldout_modules": m["modules"],
+        "train_tokens": int(train_ids.size),
+        "heldout_tokens": int(held_ids.size),
+        "python_version": data.python_version(),
+    }
     return tok, train_ids, held_ids, info
 
 
 def plot_loss(log: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     steps = log["steps"]
     tok = np.array([r["tokens"] for r in steps]) / 1e6
     loss = np.array([r["loss"] for r in steps]) / np.log(2)
@@ -172,17 +213,21 @@ def plot_loss(log: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
     ax.plot(tok, loss, color="C0", alpha=0.2, lw=0.6)
-    ax.plot(tok[k - 1:], smooth(loss), color="C0", label="train NELBO (1/t-weighted), bits/token")
-    ax.plot(tok[k - 1:], smooth(mce), color="C1", label="train masked CE (unweighted), bits/token")
+    ax.plot(tok[k - 1 :], smooth(loss), color="C0", label="train NELBO (1/t-weighted), bits/token")
+    ax.plot(tok[k - 1 :], smooth(mce), color="C1", label="train masked CE (unweighted), bits/token")
     if log.get("evals"):
-        ax.plot([e["tokens"] / 1e6 for e in log["evals"]], [e["bits_per_token"] for e in log["evals"]], "o-",
-                color="C2", label="held-out masked CE, ratio 0.5, B=16 (first tokens)")
+        ax.plot(
+            [e["tokens"] / 1e6 for e in log["evals"]],
+            [e["bits_per_token"] for e in log["evals"]],
+            "o-",
+            color="C2",
+            label="held-out masked CE, ratio 0.5, B=16 (first tokens)",
+        )
     if log.get("unigram"):
-        ax.axhline(log["unigram"]["cross_entropy"], color="gray", ls="--", lw=1,
-                   label="held-out unigram cross-entropy")
+        ax.axhline(log["unigram"]["cross_entropy"], color="gray", ls="--", lw=1, label="held-out unigram cross-entropy")
     ax.set_xlabel("training tokens (millions)")
     ax.set_ylabel("bits / token")
-    ax.set_ylim(0, max(14, float(np.nanmax(smooth(loss)[: 5])) if len(loss) else 14))
+    ax.set_ylim(0, max(14, float(np.nanmax(smooth(loss)[:5])) if len(loss) else 14))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("clover-tiny block-diffusion training")
@@ -212,29 +257,43 @@ def completions(model, tok, block_size: int = 16, max_new_tokens: int = 48) -> l
     out = []
     for p in PROMPTS:
         try:
-            cfg = GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size, steps=block_size,
-                                   temperature=0.0, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id)
+            cfg = GenerationConfig(
+                max_new_tokens=max_new_tokens,
+                block_size=block_size,
+                steps=block_size,
+                temperature=0.0,
+                mask_token_id=c.mask_token_id,
+                eos_token_id=c.eos_token_id,
+            )
             res = generate(TorchBackend(model), tok.encode(p), cfg)
         except Exception as e:  # an API mismatch must not lose the trained model
             log_print(f"generate failed: {e!r}")
             return out
-        out.append({"prompt": p, "completion": tok.decode(list(res.tokens)),
-                    "settings": f"greedy, B={block_size}, steps={block_size}, max_new_tokens={max_new_tokens}"})
+        out.append(
+            {
+                "prompt": p,
+                "completion": tok.decode(list(res.tokens)),
+                "settings": f"greedy, B={block_size}, steps={block_size}, max_new_tokens={max_new_tokens}",
+            }
+        )
     return out
 
 
 def final_eval(a, tok, train_ids, held_ids, info, log) -> dict:
-    from clover_gguf.train import data
     from clover_gguf.reference.model import CloverModel
+    from clover_gguf.train import data
+
     torch.set_num_threads(a.threads)
-    model = CloverModel.from_pretrained(a.out, dtype=torch.float32)   # the saved BF16 weights
+    model = CloverModel.from_pretrained(a.out, dtype=torch.float32)  # the saved BF16 weights
     t0 = time.time()
     ev = T.evaluate_heldout(model, held_ids, block_size=16, mask_ratio=0.5, seed=0, max_tokens=a.final_eval_tokens)
     ev["time_s"] = round(time.time() - t0, 1)
     uni = data.unigram_entropy_bits(train_ids, held_ids[: ev["n_tokens"]], vocab_size=model.config.vocab_size)
-    log_print(f"held-out: {ev['bits_per_token']:.3f} bits/token (masked CE, ratio 0.5, B=16, {ev['n_masked']} "
-              f"masked of {ev['n_tokens']} tokens); unigram cross-entropy {uni['cross_entropy']:.3f}, "
-              f"held-out unigram entropy {uni['heldout_entropy']:.3f}")
+    log_print(
+        f"held-out: {ev['bits_per_token']:.3f} bits/token (masked CE, ratio 0.5, B=16, {ev['n_masked']} "
+        f"masked of {ev['n_tokens']} tokens); unigram cross-entropy {uni['cross_entropy']:.3f}, "
+        f"held-out unigram entropy {uni['heldout_entropy']:.3f}"
+    )
     comps = completions(model, tok, 16)
     for cpl in comps:
         log_print(f"prompt {cpl['prompt']!r} -> {cpl['completion']!r}")
@@ -249,12 +308,13 @@ def write_model_card(out: Path, log: dict) -> Path:
     fin = log.get("final", {})
     ho, uni = fin.get("heldout", {}), fin.get("unigram", {})
     steps = log["steps"]
-    last = steps[-min(len(steps), 20):]
+    last = steps[-min(len(steps), 20) :]
     tps = [r["tok_per_s"] for r in steps if "tok_per_s" in r]
     ln2 = np.log(2)
     n_active = None
     try:
         from clover_gguf.config import CloverConfig
+
         cfg = CloverConfig.from_dict(c)
         n_total = cfg.n_params()
         per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
@@ -278,14 +338,31 @@ def write_model_card(out: Path, log: dict) -> Path:
         "| key | value |",
         "|---|---|",
     ]
-    for k in ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-              "shared_expert_intermediate_size", "conv_kernel_size", "block_size", "rope_theta", "rms_norm_eps",
-              "mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id"]:
+    for k in [
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "conv_kernel_size",
+        "block_size",
+        "rope_theta",
+        "rms_norm_eps",
+        "mask_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    ]:
         lines.append(f"| {k} | {c[k]} |")
     lines += [
         "",
-        f"Parameters: {n_total:,} in total" + (f", about {n_active:,} active per token" if n_active else "")
+        f"Parameters: {n_total:,} in total"
+        + (f", about {n_active:,} active per token" if n_active else "")
         + f" ({n_total * 2 / 1e6:.1f} MB in BF16).",
         "",
         "## Data",
@@ -316,7 +393,7 @@ def write_model_card(out: Path, log: dict) -> Path:
         f"- precision: {tc['precision']} (BF16 weights and activations, float32 master weights/optimizer; "
         "norms, softmaxes, router and delta rule in float32 as the model does); seed "
         f"{tc['seed']}; {tc['threads']} torch thread(s)",
-        f"- init: normal(0, 0.02) (residual output projections / sqrt(2 n_layer)), norms 1, A_log = log U(1,16), "
+        "- init: normal(0, 0.02) (residual output projections / sqrt(2 n_layer)), norms 1, A_log = log U(1,16), "
         "dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 0.1], calibration 1, conv scale 1",
         "",
         f"Trained {log['step']:,} steps, {log['tokens']:,} tokens "
@@ -364,9 +441,14 @@ def write_model_card(out: Path, log: dict) -> Path:
             "",
         ]
         if log.get("evals"):
-            lines += ["During training (first " + str(log["evals"][0]["n_tokens"]) + " held-out tokens, BF16): "
-                      + ", ".join(f"{e['tokens'] / 1e6:.2f}M tokens: {e['bits_per_token']:.2f}" for e in log["evals"])
-                      + " bits/token.", ""]
+            lines += [
+                "During training (first "
+                + str(log["evals"][0]["n_tokens"])
+                + " held-out tokens, BF16): "
+                + ", ".join(f"{e['tokens'] / 1e6:.2f}M tokens: {e['bits_per_token']:.2f}" for e in log["evals"])
+                + " bits/token.",
+                "",
+            ]
     else:
         lines += ["(not run)", ""]
     lines += ["## Completions", ""]
@@ -411,8 +493,10 @@ def main(argv=None) -> int:
         return 0
     c = model_config(a)
     tok, train_ids, held_ids, info = load_data(a, c)
-    log_print(f"data: {info['train_tokens']} train tokens ({info['train_files']} files), "
-              f"{info['heldout_tokens']} held-out tokens ({info['heldout_files']} files)")
+    log_print(
+        f"data: {info['train_tokens']} train tokens ({info['train_files']} files), "
+        f"{info['heldout_tokens']} held-out tokens ({info['heldout_files']} files)"
+    )
     out = Path(a.out)
     log_path = out / "train_log.json"
     if a.eval_only:
@@ -427,10 +511,13 @@ def main(argv=None) -> int:
         log["data"] = info
         log["command"] = "python scripts/train_clover_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv)
         log_path.write_text(json.dumps(compact_log(log), separators=(",", ":")) + "\n")
-        log_print(f"saved {out / 'model.safetensors'} after {log['step']} steps, {log['tokens']} tokens, "
-                  f"{log['elapsed_s'] / 60:.1f} min")
+        log_print(
+            f"saved {out / 'model.safetensors'} after {log['step']} steps, {log['tokens']} tokens, "
+            f"{log['elapsed_s'] / 60:.1f} min"
+        )
     if a.eval_only and a.completions_only and log.get("final"):
         from clover_gguf.reference.model import CloverModel
+
         torch.set_num_threads(a.threads)
         log["final"]["completions"] = completions(CloverModel.from_pretrained(a.out), tok, 16)
         for cpl in log["final"]["completions"]:

@@ -18,16 +18,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from clover_gguf.train import data  # noqa: E402
 from clover_gguf.tokenizer import CloverTokenizer, train_tokenizer  # noqa: E402
+from clover_gguf.train import data  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "models" / "clover-tiny"))
     ap.add_argument("--vocab-size", type=int, default=8192)
-    ap.add_argument("--write-manifest", action="store_true",
-                    help="rewrite evaldata/heldout-stdlib.json from the installed stdlib")
+    ap.add_argument(
+        "--write-manifest", action="store_true", help="rewrite evaldata/heldout-stdlib.json from the installed stdlib"
+    )
     ap.add_argument("--no-train", action="store_true", help="use the tokenizer already in --out")
     ap.add_argument("--no-stats", action="store_true")
     ap.add_argument("--cache-dir", default=str(REPO / ".cache" / "tokens"))
@@ -36,13 +37,17 @@ def main(argv=None) -> int:
 
     if a.write_manifest:
         m = data.write_heldout_manifest()
-        print(f"wrote {data.HELDOUT_MANIFEST}: {len(m['modules'])} modules, {len(m['files'])} files, "
-              f"{m['heldout_bytes']}/{m['corpus_bytes']} bytes = {m['fraction']:.4f}")
+        print(
+            f"wrote {data.HELDOUT_MANIFEST}: {len(m['modules'])} modules, {len(m['files'])} files, "
+            f"{m['heldout_bytes']}/{m['corpus_bytes']} bytes = {m['fraction']:.4f}"
+        )
     m = data.load_heldout_manifest()
     tr_files, ho_files = data.train_files(), data.heldout_files()
-    print(f"corpus: Python {data.python_version()} stdlib {data.stdlib_root()}; "
-          f"train {len(tr_files)} files, held-out {len(ho_files)} files "
-          f"({m['fraction'] * 100:.2f}% of bytes: {', '.join(m['modules'])})")
+    print(
+        f"corpus: Python {data.python_version()} stdlib {data.stdlib_root()}; "
+        f"train {len(tr_files)} files, held-out {len(ho_files)} files "
+        f"({m['fraction'] * 100:.2f}% of bytes: {', '.join(m['modules'])})"
+    )
 
     if a.no_train:
         tok = CloverTokenizer.from_dir(a.out)
@@ -61,17 +66,25 @@ def main(argv=None) -> int:
         "python_version": data.python_version(),
         "tokenizer_sha256": tok.fingerprint(),
         "vocab_size": tok.vocab_size,
-        "train": {"files": len(tr_files), "bytes": tr_bytes, "tokens": int(tr.size),
-                  "bytes_per_token": round(tr_bytes / tr.size, 4)},
-        "heldout": {"files": len(ho_files), "bytes": ho_bytes, "tokens": int(ho.size),
-                    "bytes_per_token": round(ho_bytes / ho.size, 4)},
+        "train": {
+            "files": len(tr_files),
+            "bytes": tr_bytes,
+            "tokens": int(tr.size),
+            "bytes_per_token": round(tr_bytes / tr.size, 4),
+        },
+        "heldout": {
+            "files": len(ho_files),
+            "bytes": ho_bytes,
+            "tokens": int(ho.size),
+            "bytes_per_token": round(ho_bytes / ho.size, 4),
+        },
         "unigram_bits_per_token": {
             "heldout_cross_entropy_under_train_add1": round(ent["cross_entropy"], 4),
             "heldout_empirical_entropy": round(ent["heldout_entropy"], 4),
             "train_empirical_entropy": round(ent["train_entropy"], 4),
         },
         "note": "token streams have <|endoftext|> between files; cross entropy = held-out tokens "
-                "under the train unigram distribution with add-one smoothing over the vocab",
+        "under the train unigram distribution with add-one smoothing over the vocab",
     }
     print(f"encoded in {time.time() - t0:.1f}s")
     print(json.dumps(stats, indent=1))

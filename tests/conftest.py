@@ -1,13 +1,7 @@
 import json
-from pathlib import Path
 
 import pytest
-
-# The spec's test vectors, computed by an implementation written apart from this project
-# (see tests/data/spec-vectors/README.md).
-VECTORS = Path(__file__).resolve().parent / "data" / "spec-vectors"
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "models" / "clover-tiny"
+from testdata import VECTORS
 
 
 @pytest.fixture(scope="session")
@@ -29,4 +23,5 @@ def vec_fused_dir():
 def pytest_configure(config):
     # The test models are tiny: one thread is fastest and immune to oversubscription.
     import torch
+
     torch.set_num_threads(1)

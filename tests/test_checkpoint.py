@@ -8,26 +8,32 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from clover_gguf.checkpoint import Checkpoint, CheckpointError, INDEX_NAME
+from clover_gguf.checkpoint import INDEX_NAME, Checkpoint, CheckpointError
 from clover_gguf.cli import cli
 from clover_gguf.config import CloverConfig, ConfigError, preset
-from clover_gguf.reference.model import CloverModel
 from clover_gguf.gguf_io.synth import write_synthetic
+from clover_gguf.reference.model import CloverModel
 
 
 def _cfg_dict(vec_dir):
     return json.loads((vec_dir / "config.json").read_text())
 
 
-@pytest.mark.parametrize("edit,needle", [
-    (lambda d: d.pop("head_dim"), "missing key 'head_dim'"),
-    (lambda d: d.update(num_key_value_heads=3), "'num_attention_heads' (4) must be divisible by 'num_key_value_heads' (3)"),
-    (lambda d: d.update(hidden_size="64"), "key 'hidden_size' must be an integer"),
-    (lambda d: d.update(block_size=0), "key 'block_size' must be positive"),
-    (lambda d: d.update(mask_token_id=500), "key 'mask_token_id' (500) is outside the vocabulary"),
-    (lambda d: d.update(num_experts_per_tok=9), "'num_experts_per_tok' (9) exceeds 'num_experts' (4)"),
-    (lambda d: d.update(model_type="llama"), "key 'model_type' is 'llama'"),
-])
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (lambda d: d.pop("head_dim"), "missing key 'head_dim'"),
+        (
+            lambda d: d.update(num_key_value_heads=3),
+            "'num_attention_heads' (4) must be divisible by 'num_key_value_heads' (3)",
+        ),
+        (lambda d: d.update(hidden_size="64"), "key 'hidden_size' must be an integer"),
+        (lambda d: d.update(block_size=0), "key 'block_size' must be positive"),
+        (lambda d: d.update(mask_token_id=500), "key 'mask_token_id' (500) is outside the vocabulary"),
+        (lambda d: d.update(num_experts_per_tok=9), "'num_experts_per_tok' (9) exceeds 'num_experts' (4)"),
+        (lambda d: d.update(model_type="llama"), "key 'model_type' is 'llama'"),
+    ],
+)
 def test_bad_config_names_key_and_file(tmp_path, vec_dir, edit, needle):
     d = _cfg_dict(vec_dir)
     edit(d)
@@ -52,11 +58,11 @@ def small_sharded(tmp_path, vec_dir):
 def _rewrite_header(path, fn):
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    hdr = json.loads(raw[8: 8 + n])
+    hdr = json.loads(raw[8 : 8 + n])
     fn(hdr)
     h = json.dumps(hdr).encode()
     h += b" " * (-len(h) % 8)
-    path.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+    path.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n :])
 
 
 def _shard_with(d, name):
@@ -96,6 +102,7 @@ def test_wrong_shape(small_sharded):
         a, _ = h[name]["data_offsets"]
         h[name]["shape"] = [8]
         h[name]["data_offsets"] = [a, a + 16]
+
     _rewrite_header(_shard_with(small_sharded, name), f)
     with pytest.raises(CheckpointError, match=r"q_norm\.weight has shape \[8\], config implies \[16\]"):
         Checkpoint(small_sharded).validate()
@@ -106,6 +113,7 @@ def test_unknown_dtype(small_sharded):
 
     def f(h):
         h[name]["dtype"] = "I16"
+
     _rewrite_header(_shard_with(small_sharded, name), f)
     with pytest.raises(CheckpointError, match=r"model\.norm\.weight has unsupported dtype I16"):
         Checkpoint(small_sharded).validate()
@@ -130,8 +138,10 @@ def test_missing_shard(small_sharded):
 def test_extra_tensor(tmp_path, vec_dir):
     d = tmp_path / "x"
     shutil.copytree(vec_dir, d)
-    _rewrite_header(d / "model.safetensors", lambda h: h.update(
-        {"model.layers.0.bogus": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}))
+    _rewrite_header(
+        d / "model.safetensors",
+        lambda h: h.update({"model.layers.0.bogus": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}),
+    )
     with pytest.raises(CheckpointError, match=r"unexpected tensor model\.layers\.0\.bogus"):
         Checkpoint(d).validate()
 
@@ -146,16 +156,28 @@ def test_synth_fused_equals_per_expert(tmp_path, vec_dir):
     # same seed, same per-expert values? the fused tensors are seeded by their own names,
     # so compare each model against its own checkpoint instead
     ck = Checkpoint(b)
-    assert torch.equal(mb.layers[0].mlp.experts.down_proj.to(torch.bfloat16), ck.get("model.layers.0.mlp.experts.down_proj"))
+    assert torch.equal(
+        mb.layers[0].mlp.experts.down_proj.to(torch.bfloat16), ck.get("model.layers.0.mlp.experts.down_proj")
+    )
 
 
 def test_synth_cli_35b_shapes_header_only(tmp_path):
     """The 35B preset's per-expert shapes (8 of its 256 experts, a small vocab, 1 layer), via the CLI."""
-    cfg = preset("clover-35b-a3b", num_hidden_layers=1, vocab_size=512, num_experts=8, mask_token_id=511,
-                 bos_token_id=508, eos_token_id=509, pad_token_id=509)
+    cfg = preset(
+        "clover-35b-a3b",
+        num_hidden_layers=1,
+        vocab_size=512,
+        num_experts=8,
+        mask_token_id=511,
+        bos_token_id=508,
+        eos_token_id=509,
+        pad_token_id=509,
+    )
     cfg.save(tmp_path / "config.json")
-    r = CliRunner().invoke(cli, ["synth", str(tmp_path / "out"), "--config", str(tmp_path / "config.json"),
-                                 "--shard-size-mb", "8", "--fused"])
+    r = CliRunner().invoke(
+        cli,
+        ["synth", str(tmp_path / "out"), "--config", str(tmp_path / "config.json"), "--shard-size-mb", "8", "--fused"],
+    )
     assert r.exit_code == 0, r.output
     ck = Checkpoint(tmp_path / "out")
     ck.validate()
@@ -165,9 +187,23 @@ def test_synth_cli_35b_shapes_header_only(tmp_path):
 
 def test_cli_run_json_on_vectors(vec_dir, vectors):
     c = vectors["greedy_steps"]
-    r = CliRunner().invoke(cli, ["run", str(vec_dir), "--prompt-ids", ",".join(map(str, c["prompt"])),
-                                 "-n", "24", "--block-size", "8", "--steps", "4", "--json"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            str(vec_dir),
+            "--prompt-ids",
+            ",".join(map(str, c["prompt"])),
+            "-n",
+            "24",
+            "--block-size",
+            "8",
+            "--steps",
+            "4",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output[r.output.index("{"):])
+    out = json.loads(r.output[r.output.index("{") :])
     assert out["token_ids"] == c["tokens"]
     assert [b["steps"] for b in out["blocks"]] == [4, 4, 4]

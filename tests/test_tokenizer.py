@@ -10,11 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clover_gguf.tokenizer import (
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_USER_DEFINED,
+    CloverTokenizer,
+)
 from clover_gguf.train import data
-from clover_gguf.tokenizer import (CHAT_TEMPLATE, SPECIAL_TOKENS, TOKEN_CONTROL, TOKEN_NORMAL,
-                                   TOKEN_USER_DEFINED, CloverTokenizer)
 
 TOK_DIR = Path(__file__).resolve().parent.parent / "models" / "clover-tiny"
+
+
 def needs_tok(f):  # the tokenizer is committed: its absence is a failure, not a skip
     assert (TOK_DIR / "tokenizer.json").is_file(), f"{TOK_DIR}/tokenizer.json missing"
     return f
@@ -45,7 +53,7 @@ def test_roundtrip_stdlib_source(tok):
         ids = tok.encode(text)
         assert max(ids) < tok.vocab_size
         assert tok.decode(ids) == text, p
-    s = "def f(x):\n\treturn x**2  # café 日本語 \U0001F600\r\n<|im_end|>"
+    s = "def f(x):\n\treturn x**2  # café 日本語 \U0001f600\r\n<|im_end|>"
     assert tok.decode(tok.encode(s)) == s
 
 
@@ -69,10 +77,12 @@ def test_chat_template_thinking(tok):
     ids = tok.encode(off)
     assert ids[0] == tok.token_to_id("<|im_start|>") and tok.token_to_id("</think>") in ids
     # reasoning of earlier turns is dropped, of the last turn kept
-    conv = [{"role": "user", "content": "q1"},
-            {"role": "assistant", "content": "<think>\nr1\n</think>\n\na1"},
-            {"role": "user", "content": "q2"},
-            {"role": "assistant", "content": "a2", "reasoning_content": "r2"}]
+    conv = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "<think>\nr1\n</think>\n\na1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "a2", "reasoning_content": "r2"},
+    ]
     out = tok.apply_chat_template(conv, add_generation_prompt=False)
     assert "r1" not in out and "<|im_start|>assistant\na1<|im_end|>\n" in out
     assert out.endswith("<|im_start|>assistant\n<think>\nr2\n</think>\n\na2<|im_end|>\n")
@@ -88,8 +98,12 @@ def test_gguf_vocab(tok):
     assert all(len(m.split(" ")) == 2 for m in v.merges)
     assert (v.bos_id, v.eos_id, v.pad_id, v.mask_id, v.pre, v.model) == (0, 0, 0, 1, "qwen2", "gpt2")
     import gguf
+
     assert (TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED) == (
-        gguf.TokenType.NORMAL, gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED)
+        gguf.TokenType.NORMAL,
+        gguf.TokenType.CONTROL,
+        gguf.TokenType.USER_DEFINED,
+    )
 
 
 def test_heldout_disjoint_and_fraction():
@@ -134,6 +148,6 @@ def test_unigram_entropy():
     # held-out uniform over 4 ids, train the same counts: add-one keeps it uniform
     r = data.unigram_entropy_bits([0, 1, 2, 3] * 10, [0, 1, 2, 3], vocab_size=4)
     assert math.isclose(r["cross_entropy"], 2.0) and math.isclose(r["heldout_entropy"], 2.0)
-    r = data.unigram_entropy_bits([0] * 6, [0, 1], vocab_size=2)   # p = 7/8, 1/8
+    r = data.unigram_entropy_bits([0] * 6, [0, 1], vocab_size=2)  # p = 7/8, 1/8
     assert math.isclose(r["cross_entropy"], -(math.log2(7 / 8) + math.log2(1 / 8)) / 2)
     assert math.isclose(r["heldout_entropy"], 1.0)

@@ -37,20 +37,35 @@ from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType, GGUFWr
 from gguf.utility import size_label as gguf_size_label
 
 from .. import __version__
-from . import quants
 from ..checkpoint import Checkpoint, CheckpointError
 from ..config import CloverConfig, ConfigError
-from ..constants import (ARCH, DEFAULT_CONTEXT_LENGTH, EXPERT_GATING_FUNC_SOFTMAX,
-                        EXPERT_PROJS, GENERAL_TYPE_MODEL, GGUF_EXPERT_NAME, HF_EXPERT_FUSED_DOWN,
-                        HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER, L2NORM_EPS, PLACEHOLDER_TOKEN,
-                        TOKENIZER_MODEL_NAME, TOKENIZER_PRE_NAME, Keys, hf_to_gguf_name, spec_for_hf, tensor_group)
-from .recipes import TypeRules
+from ..constants import (
+    ARCH,
+    DEFAULT_CONTEXT_LENGTH,
+    EXPERT_GATING_FUNC_SOFTMAX,
+    EXPERT_PROJS,
+    GENERAL_TYPE_MODEL,
+    GGUF_EXPERT_NAME,
+    HF_EXPERT_FUSED_DOWN,
+    HF_EXPERT_FUSED_GATE_UP,
+    HF_EXPERT_PER,
+    L2NORM_EPS,
+    PLACEHOLDER_TOKEN,
+    TOKENIZER_MODEL_NAME,
+    TOKENIZER_PRE_NAME,
+    Keys,
+    hf_to_gguf_name,
+    spec_for_hf,
+    tensor_group,
+)
 from ..util import default_threads
+from . import quants
+from .recipes import TypeRules
 
 Q = GGMLQuantizationType
 
-TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5   # gguf.TokenType
-CHUNK_ELEMENTS = 2 << 20      # rows are streamed in chunks of about this many values (8 MB f32)
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5  # gguf.TokenType
+CHUNK_ELEMENTS = 2 << 20  # rows are streamed in chunks of about this many values (8 MB f32)
 
 
 class ConvertError(RuntimeError):
@@ -64,8 +79,12 @@ def K(key: str) -> str:
 # ---------------------------------------------------------------------------------------
 # reading rows from safetensors shards with plain reads (no mmap growth, bounded memory)
 
-_ST_DTYPES = {"BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2), "F32": (torch.float32, 4),
-              "F64": (torch.float64, 8)}
+_ST_DTYPES = {
+    "BF16": (torch.bfloat16, 2),
+    "F16": (torch.float16, 2),
+    "F32": (torch.float32, 4),
+    "F64": (torch.float64, 8),
+}
 
 
 class ShardReader:
@@ -100,7 +119,7 @@ class ShardReader:
         tdt, esize = _ST_DTYPES[dtype]
         cols = shape[-1] if shape else 1
         n = (r1 - r0) * cols * esize
-        buf = np.empty(n, dtype=np.uint8)   # not zero-filled
+        buf = np.empty(n, dtype=np.uint8)  # not zero-filled
         fd = self._fds[shard]
         mv = memoryview(buf)
         got, pos = 0, off + r0 * cols * esize
@@ -120,9 +139,11 @@ class ShardReader:
 # ---------------------------------------------------------------------------------------
 # the plan
 
+
 @dataclass
 class Piece:
     """Rows [r0, r1) of source tensor `hf` (2-D view), and the imatrix row to use."""
+
     hf: str
     r0: int
     r1: int
@@ -131,18 +152,18 @@ class Piece:
 
 @dataclass
 class PlanEntry:
-    name: str                   # GGUF tensor name
-    shape: tuple[int, ...]      # numpy/torch order as stored in the GGUF
+    name: str  # GGUF tensor name
+    shape: tuple[int, ...]  # numpy/torch order as stored in the GGUF
     qtype: GGMLQuantizationType
     requested: GGMLQuantizationType
-    why: str                    # rule that chose the type
-    fallback: str | None        # llama.cpp fallback note
+    why: str  # rule that chose the type
+    fallback: str | None  # llama.cpp fallback note
     group: str
-    pieces: list[Piece]         # source rows, in output order
-    transform: str | None       # None | "a_log" | "conv"
+    pieces: list[Piece]  # source rows, in output order
+    transform: str | None  # None | "a_log" | "conv"
     src_bytes: int
     nbytes: int
-    imatrix: str = "-"          # "yes" | "no data" | "-" (type ignores it / none given)
+    imatrix: str = "-"  # "yes" | "no data" | "-" (type ignores it / none given)
     backend: str = "numpy"
 
     @property
@@ -195,8 +216,10 @@ class Plan:
                 note += f"; FALLBACK {e.fallback}"
             if e.imatrix not in ("-",):
                 note += f"; imatrix {e.imatrix}"
-            lines.append(f"{e.name:<{w}}  {str(list(e.shape)):<20} {quants.type_name(e.qtype):<7} "
-                         f"{_fmt_bytes(e.nbytes):>11} {8.0 * e.nbytes / e.n_elements:6.2f}  {note}")
+            lines.append(
+                f"{e.name:<{w}}  {str(list(e.shape)):<20} {quants.type_name(e.qtype):<7} "
+                f"{_fmt_bytes(e.nbytes):>11} {8.0 * e.nbytes / e.n_elements:6.2f}  {note}"
+            )
         if not verbose and self.config.num_hidden_layers > 1:
             lines.append(f"... (layers 1..{self.config.num_hidden_layers - 1} as layer 0)")
         lines.append("-" * len(hdr))
@@ -208,9 +231,11 @@ class Plan:
             s[2] += e.nbytes
         for t, (n, el, b) in sorted(by_type.items(), key=lambda kv: -kv[1][2]):
             lines.append(f"  {t:<7} {n:5d} tensors {el / 1e6:12.2f} M weights {_fmt_bytes(b):>11}")
-        lines.append(f"total: {len(self.entries)} tensors, {self.n_params / 1e6:.2f} M weights, "
-                     f"{_fmt_bytes(self.total_bytes)} ({self.bpw:.3f} bits per weight); "
-                     f"source {_fmt_bytes(self.src_bytes)}")
+        lines.append(
+            f"total: {len(self.entries)} tensors, {self.n_params / 1e6:.2f} M weights, "
+            f"{_fmt_bytes(self.total_bytes)} ({self.bpw:.3f} bits per weight); "
+            f"source {_fmt_bytes(self.src_bytes)}"
+        )
         lines.append(f"types: {self.rules.describe()}")
         fb = self.fallbacks()
         if fb:
@@ -269,16 +294,29 @@ def build_plan(ck: Checkpoint, rules: TypeRules, imatrix=None, backend: str = "a
     for name, shape, pieces, transform, _ in _source_entries(ck):
         req, why = rules.choose(name, shape)
         qt, fb = quants.fallback_type(req, shape[-1])
-        src = sum((p.r1 - p.r0) * (ck.shape(p.hf)[-1] if ck.shape(p.hf) else 1)
-                  * _ST_DTYPES[ck.dtype(p.hf)][1] for p in pieces)
-        e = PlanEntry(name=name, shape=shape, qtype=qt, requested=req, why=why, fallback=fb,
-                      group=tensor_group(name), pieces=pieces, transform=transform, src_bytes=src,
-                      nbytes=quants.tensor_bytes(qt, shape))
+        src = sum(
+            (p.r1 - p.r0) * (ck.shape(p.hf)[-1] if ck.shape(p.hf) else 1) * _ST_DTYPES[ck.dtype(p.hf)][1]
+            for p in pieces
+        )
+        e = PlanEntry(
+            name=name,
+            shape=shape,
+            qtype=qt,
+            requested=req,
+            why=why,
+            fallback=fb,
+            group=tensor_group(name),
+            pieces=pieces,
+            transform=transform,
+            src_bytes=src,
+            nbytes=quants.tensor_bytes(qt, shape),
+        )
         if imatrix is not None and quants.uses_imatrix(qt):
             e.imatrix = "yes" if imatrix.get(name) is not None else "no data"
         if quants.requires_imatrix(qt) and e.imatrix != "yes":
-            raise ConvertError(f"tensor {name}: type {quants.type_name(qt)} requires an importance "
-                               f"matrix (--imatrix) with data for it")
+            raise ConvertError(
+                f"tensor {name}: type {quants.type_name(qt)} requires an importance matrix (--imatrix) with data for it"
+            )
         e.backend = quants.backend_for(qt, e.imatrix == "yes", backend)
         entries.append(e)
     return Plan(ck.config, ck.layout, rules, entries, ck.dir)
@@ -286,6 +324,7 @@ def build_plan(ck: Checkpoint, rules: TypeRules, imatrix=None, backend: str = "a
 
 # ---------------------------------------------------------------------------------------
 # metadata
+
 
 def _placeholder_vocab(c: CloverConfig):
     """Minimal byte-level vocabulary of size V for model dirs without a tokenizer: ids
@@ -303,8 +342,12 @@ def _placeholder_vocab(c: CloverConfig):
             n += 1
     byte_chr = {b: chr(ch) for b, ch in zip(bs, cs)}
     special = {}
-    for role, tid in (("<|endoftext|>", c.eos_token_id), ("<|bos|>", c.bos_token_id),
-                      ("<|pad|>", c.pad_token_id), ("<|mask|>", c.mask_token_id)):
+    for role, tid in (
+        ("<|endoftext|>", c.eos_token_id),
+        ("<|bos|>", c.bos_token_id),
+        ("<|pad|>", c.pad_token_id),
+        ("<|mask|>", c.mask_token_id),
+    ):
         special.setdefault(tid, role)
     tokens, types = [], []
     for i in range(c.vocab_size):
@@ -321,8 +364,15 @@ def _placeholder_vocab(c: CloverConfig):
     # first two byte tokens (its result is not a token, so it never fires)
     normal = [t for t, ty in zip(tokens, types) if ty == TOKEN_NORMAL][:2]
     merges = [" ".join(normal)] if len(normal) == 2 else []
-    return GGUFVocab(tokens=tokens, token_types=types, merges=merges, bos_id=c.bos_token_id,
-                     eos_id=c.eos_token_id, pad_id=c.pad_token_id, mask_id=c.mask_token_id)
+    return GGUFVocab(
+        tokens=tokens,
+        token_types=types,
+        merges=merges,
+        bos_id=c.bos_token_id,
+        eos_id=c.eos_token_id,
+        pad_id=c.pad_token_id,
+        mask_id=c.mask_token_id,
+    )
 
 
 def load_vocab(model_dir: Path, c: CloverConfig):
@@ -330,19 +380,25 @@ def load_vocab(model_dir: Path, c: CloverConfig):
     if not (model_dir / "tokenizer.json").exists():
         return _placeholder_vocab(c), True
     from ..tokenizer import CloverTokenizer
+
     try:
         v = CloverTokenizer.from_dir(model_dir).to_gguf_vocab()
     except Exception as e:
         raise ConvertError(f"{model_dir}: cannot read the tokenizer ({e})") from None
     n = len(v.tokens)
     if n > c.vocab_size:
-        raise ConvertError(f"{model_dir / 'tokenizer.json'}: {n} tokens, more than config vocab_size "
-                           f"{c.vocab_size}")
-    for key, tid in (("bos_token_id", v.bos_id), ("eos_token_id", v.eos_id),
-                     ("pad_token_id", v.pad_id), ("mask_token_id", v.mask_id)):
+        raise ConvertError(f"{model_dir / 'tokenizer.json'}: {n} tokens, more than config vocab_size {c.vocab_size}")
+    for key, tid in (
+        ("bos_token_id", v.bos_id),
+        ("eos_token_id", v.eos_id),
+        ("pad_token_id", v.pad_id),
+        ("mask_token_id", v.mask_id),
+    ):
         if tid is not None and tid != getattr(c, key):
-            raise ConvertError(f"{model_dir}: tokenizer's {key.replace('_id', '')} is {tid} but config.json "
-                               f"says {key}={getattr(c, key)}")
+            raise ConvertError(
+                f"{model_dir}: tokenizer's {key.replace('_id', '')} is {tid} but config.json "
+                f"says {key}={getattr(c, key)}"
+            )
     if v.mask_id is None:
         raise ConvertError(f"{model_dir / 'tokenizer_config.json'}: no mask_token")
     # pad the vocabulary to the embedding rows, as llama.cpp needs n_vocab == rows
@@ -381,8 +437,13 @@ def metadata(plan: Plan, vocab, placeholder: bool, imatrix=None, name: str | Non
     """[(key, value, GGUFValueType, subtype)] in writing order."""
     c = plan.config
     raw = _raw_config(plan.model_dir)
-    S, U32, F32, B, A = (GGUFValueType.STRING, GGUFValueType.UINT32, GGUFValueType.FLOAT32,
-                         GGUFValueType.BOOL, GGUFValueType.ARRAY)
+    S, U32, F32, B, A = (
+        GGUFValueType.STRING,
+        GGUFValueType.UINT32,
+        GGUFValueType.FLOAT32,
+        GGUFValueType.BOOL,
+        GGUFValueType.ARRAY,
+    )
     kv: list[tuple] = []
 
     def add(k, v, t, sub=None):
@@ -459,6 +520,7 @@ def metadata(plan: Plan, vocab, placeholder: bool, imatrix=None, name: str | Non
 # ---------------------------------------------------------------------------------------
 # conversion
 
+
 @dataclass
 class ConvertResult:
     plan: Plan
@@ -491,11 +553,23 @@ def _check_out_path(out: Path, inputs: set[Path], force: bool) -> None:
         raise ConvertError(f"{out}: exists (use --force to overwrite)")
 
 
-def convert(model_dir, out_path=None, outtype: str | None = None, experts: str | None = None,
-            tensor_types=None, recipe: str | None = None, imatrix=None, force: bool = False,
-            dry_run: bool = False, threads: int | None = None, backend: str = "auto",
-            progress: bool = True, name: str | None = None, log=print,
-            _fail_after_tensor: str | None = None) -> ConvertResult:
+def convert(
+    model_dir,
+    out_path=None,
+    outtype: str | None = None,
+    experts: str | None = None,
+    tensor_types=None,
+    recipe: str | None = None,
+    imatrix=None,
+    force: bool = False,
+    dry_run: bool = False,
+    threads: int | None = None,
+    backend: str = "auto",
+    progress: bool = True,
+    name: str | None = None,
+    log=print,
+    _fail_after_tensor: str | None = None,
+) -> ConvertResult:
     """Convert a Clover model dir to GGUF. See the module docstring and docs/gguf-format.md.
 
     outtype: f32|f16|bf16|q8_0 for non-expert 2-D weights (default bf16, or the recipe's);
@@ -533,13 +607,15 @@ def convert(model_dir, out_path=None, outtype: str | None = None, experts: str |
                 continue
             n_mat = e.shape[0] if e.group.startswith("experts") else 1
             if w.shape != (n_mat, e.n_per_row) and e.group != "embeddings":
-                raise ConvertError(f"{imatrix}: imatrix entry {nm} has shape {list(w.shape)}, tensor needs "
-                                   f"[{n_mat}, {e.n_per_row}]")
+                raise ConvertError(
+                    f"{imatrix}: imatrix entry {nm} has shape {list(w.shape)}, tensor needs [{n_mat}, {e.n_per_row}]"
+                )
     vocab, placeholder = load_vocab(model_dir, ck.config)
     result = ConvertResult(plan, Path(out_path) if out_path else None)
     if placeholder:
-        result.notes.append("no tokenizer.json: wrote a byte-level placeholder vocabulary "
-                            f"({Keys.TOKENIZER_PLACEHOLDER} = true)")
+        result.notes.append(
+            f"no tokenizer.json: wrote a byte-level placeholder vocabulary ({Keys.TOKENIZER_PLACEHOLDER} = true)"
+        )
     if dry_run:
         return result
     if out_path is None:
@@ -551,8 +627,9 @@ def convert(model_dir, out_path=None, outtype: str | None = None, experts: str |
     _check_out_path(out, inputs, force)
     free = shutil.disk_usage(out.parent).free
     if free < plan.total_bytes + (16 << 20):
-        raise ConvertError(f"{out.parent}: not enough disk space ({_fmt_bytes(free)} free, "
-                           f"{_fmt_bytes(plan.total_bytes)} needed)")
+        raise ConvertError(
+            f"{out.parent}: not enough disk space ({_fmt_bytes(free)} free, {_fmt_bytes(plan.total_bytes)} needed)"
+        )
     kv = metadata(plan, vocab, placeholder, im, name)
 
     threads = threads or default_threads()
@@ -571,8 +648,7 @@ def convert(model_dir, out_path=None, outtype: str | None = None, experts: str |
         writer.write_ti_data_to_file()
         fout = writer.fout[0]
         writer.write_padding(fout, fout.tell())
-        _write_data(plan, reader, im, fout, writer.data_alignment, threads, progress, current,
-                    _fail_after_tensor)
+        _write_data(plan, reader, im, fout, writer.data_alignment, threads, progress, current, _fail_after_tensor)
         fout.flush()
         os.fsync(fout.fileno())
         writer.close()
@@ -616,16 +692,23 @@ def _where(current, reader) -> str:
     return s
 
 
-_EXP_MASK = {torch.bfloat16: (np.int16, 0x7F80), torch.float16: (np.int16, 0x7C00),
-             torch.float32: (np.int32, 0x7F800000), torch.float64: (np.int64, 0x7FF0000000000000)}
+_EXP_MASK = {
+    torch.bfloat16: (np.int16, 0x7F80),
+    torch.float16: (np.int16, 0x7C00),
+    torch.float32: (np.int32, 0x7F800000),
+    torch.float64: (np.int64, 0x7FF0000000000000),
+}
 
 
 def _first_nonfinite(t: torch.Tensor) -> int | None:
     """Flat index of the first NaN/Inf (all exponent bits set), or None. Bit test in numpy:
     ~20x faster than torch.isfinite on BF16."""
     ity, mask = _EXP_MASK[t.dtype]
-    v = t.contiguous().view(-1).numpy().view(ity) if t.dtype != torch.bfloat16 else \
-        t.contiguous().view(-1).view(torch.int16).numpy()
+    v = (
+        t.contiguous().view(-1).numpy().view(ity)
+        if t.dtype != torch.bfloat16
+        else t.contiguous().view(-1).view(torch.int16).numpy()
+    )
     m = ity(mask)
     bad = np.bitwise_and(v, m) == m
     if not bad.any():
@@ -641,8 +724,10 @@ def _prepare(entry: PlanEntry, piece: Piece, reader: ShardReader, r0: int, r1: i
     if bad is not None:
         cols = t.shape[-1]
         shard = reader.ck.shard_of(piece.hf)
-        raise ConvertError(f"{shard}: tensor {piece.hf} has a non-finite value (NaN/Inf) at row "
-                           f"{r0 + bad // cols}, column {bad % cols}; no output written")
+        raise ConvertError(
+            f"{shard}: tensor {piece.hf} has a non-finite value (NaN/Inf) at row "
+            f"{r0 + bad // cols}, column {bad % cols}; no output written"
+        )
     if entry.transform == "a_log":
         t = (-torch.exp(t.double())).float()
     elif entry.transform == "conv":
@@ -671,13 +756,30 @@ def _chunks(entry: PlanEntry, reader: ShardReader):
 _STOP = object()
 
 
-def _write_data(plan: Plan, reader: ShardReader, im, fout, align: int, threads: int,
-                progress: bool, current: dict, fail_after: str | None):
+def _write_data(
+    plan: Plan,
+    reader: ShardReader,
+    im,
+    fout,
+    align: int,
+    threads: int,
+    progress: bool,
+    current: dict,
+    fail_after: str | None,
+):
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=plan.src_bytes, unit="B", unit_scale=True, unit_divisor=1024,
-                   desc="converting", dynamic_ncols=True, smoothing=0.1)
+
+        bar = tqdm(
+            total=plan.src_bytes,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="converting",
+            dynamic_ncols=True,
+            smoothing=0.1,
+        )
     in_q: queue.Queue = queue.Queue(maxsize=2)
     out_q: queue.Queue = queue.Queue(maxsize=2)
     errors: list[BaseException] = []
@@ -735,8 +837,9 @@ def _write_data(plan: Plan, reader: ShardReader, im, fout, align: int, threads: 
             current["entry"], current["piece"] = e, p
             if kind == "end":
                 if written[e.name] != e.nbytes:
-                    raise ConvertError(f"internal error: tensor {e.name} wrote {written[e.name]} bytes, "
-                                       f"planned {e.nbytes}")
+                    raise ConvertError(
+                        f"internal error: tensor {e.name} wrote {written[e.name]} bytes, planned {e.nbytes}"
+                    )
                 out_q.put(("pad", None))
                 if bar is not None:
                     bar.set_postfix_str(e.name, refresh=False)

@@ -44,10 +44,10 @@ else:
 BUILD_HINT = (
     "libggml-base (ggml's quantizer) was not found. Build the project's llama.cpp runtime "
     "with `python scripts/build_runtime.py` (it installs the patched llama-cpp-python, whose "
-    "lib/ folder holds libggml-base), or point ${env} at a libggml-base shared library "
+    f"lib/ folder holds libggml-base), or point ${LIB_ENV} at a libggml-base shared library "
     "(a file or its folder) from any llama.cpp build "
     "(cmake -DBUILD_SHARED_LIBS=ON ... && cmake --build . --target ggml-base)."
-).format(env=LIB_ENV)
+)
 
 
 class GGMLLibError(RuntimeError):
@@ -65,6 +65,7 @@ def _candidates_in(folder: Path) -> list[Path]:
 
 def _llama_cpp_lib_dir() -> Path | None:
     from ..runtime.build import installed_llama_cpp_lib_dir
+
     d = installed_llama_cpp_lib_dir()
     return d if d is not None and d.is_dir() else None
 
@@ -104,9 +105,15 @@ class GGMLLib:
         except OSError as e:
             raise GGMLLibError(f"{self.path}: cannot load ({e}). {BUILD_HINT}") from None
         try:
-            lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                                ctypes.c_void_p]
+            lib.ggml_quantize_chunk.argtypes = [
+                ctypes.c_int,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_int64,
+                ctypes.c_int64,
+                ctypes.c_int64,
+                ctypes.c_void_p,
+            ]
             lib.ggml_quantize_chunk.restype = ctypes.c_size_t
             lib.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
             lib.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
@@ -149,8 +156,9 @@ class GGMLLib:
                 self._lib.ggml_quantize_init(int(qtype))
                 self._inited.add(int(qtype))
 
-    def quantize_chunk(self, qtype: int, src: np.ndarray, dst: np.ndarray, row0: int, nrows: int,
-                       imatrix: np.ndarray | None = None) -> int:
+    def quantize_chunk(
+        self, qtype: int, src: np.ndarray, dst: np.ndarray, row0: int, nrows: int, imatrix: np.ndarray | None = None
+    ) -> int:
         """Quantize rows [row0, row0+nrows) of the C-contiguous float32 matrix ``src``
         [n, n_per_row] into the uint8 buffer ``dst`` [n, row_size] (same rows).
         Returns the number of bytes written. Releases the GIL."""
@@ -169,8 +177,11 @@ class GGMLLib:
         if imatrix is not None:
             assert imatrix.dtype == np.float32 and imatrix.shape == (n_per_row,) and imatrix.flags.c_contiguous
             im_ptr = imatrix.ctypes.data
-        return int(self._lib.ggml_quantize_chunk(int(qtype), src.ctypes.data, dst.ctypes.data,
-                                                 int(row0) * n_per_row, int(nrows), n_per_row, im_ptr))
+        return int(
+            self._lib.ggml_quantize_chunk(
+                int(qtype), src.ctypes.data, dst.ctypes.data, int(row0) * n_per_row, int(nrows), n_per_row, im_ptr
+            )
+        )
 
 
 _lib: GGMLLib | None = None

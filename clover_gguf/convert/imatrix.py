@@ -24,8 +24,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..constants import (ARCH, GENERAL_TYPE_IMATRIX, GGUF_EXPERT_NAME, IMATRIX_COUNTS_SUFFIX,
-                        IMATRIX_SUM2_SUFFIX, Keys, hf_to_gguf_name, tensor_group)
+from ..constants import (
+    ARCH,
+    GENERAL_TYPE_IMATRIX,
+    GGUF_EXPERT_NAME,
+    IMATRIX_COUNTS_SUFFIX,
+    IMATRIX_SUM2_SUFFIX,
+    Keys,
+    hf_to_gguf_name,
+    tensor_group,
+)
 
 
 @dataclass
@@ -73,8 +81,11 @@ def load_imatrix(path) -> Imatrix:
         f = r.fields.get(key)
         if f is not None:
             setattr(im, attr, int(f.parts[f.data[0]][0]))
-    if Keys.IMATRIX_DATASETS not in r.fields or Keys.IMATRIX_CHUNK_COUNT not in r.fields \
-            or Keys.IMATRIX_CHUNK_SIZE not in r.fields:
+    if (
+        Keys.IMATRIX_DATASETS not in r.fields
+        or Keys.IMATRIX_CHUNK_COUNT not in r.fields
+        or Keys.IMATRIX_CHUNK_SIZE not in r.fields
+    ):
         raise ValueError("missing imatrix metadata (imatrix.datasets/chunk_count/chunk_size)")
     sums, counts = {}, {}
     for t in r.tensors:
@@ -115,7 +126,7 @@ def _load_legacy(path: Path) -> Imatrix:
             raise ValueError("no data in file")
         for _ in range(n):
             (ln,) = take("<i")
-            name = data[off: off + ln].decode()
+            name = data[off : off + ln].decode()
             off += ln
             ncall, nval = take("<ii")
             vals = np.frombuffer(data, dtype=np.float32, count=nval, offset=off).copy()
@@ -127,8 +138,14 @@ def _load_legacy(path: Path) -> Imatrix:
     return im
 
 
-def write_imatrix(path, sums: dict[str, np.ndarray], counts: dict[str, np.ndarray],
-                  datasets: list[str], chunk_count: int, chunk_size: int) -> None:
+def write_imatrix(
+    path,
+    sums: dict[str, np.ndarray],
+    counts: dict[str, np.ndarray],
+    datasets: list[str],
+    chunk_count: int,
+    chunk_size: int,
+) -> None:
     """Write llama.cpp's GGUF imatrix. sums[name] [n_mat, n_per_row], counts[name] [n_mat]."""
     from gguf import GGUFValueType, GGUFWriter
 
@@ -161,6 +178,7 @@ def write_imatrix(path, sums: dict[str, np.ndarray], counts: dict[str, np.ndarra
 
 # ---------------------------------------------------------------------------------------
 # computing one from the reference model
+
 
 class _Collector:
     def __init__(self):
@@ -212,14 +230,14 @@ def _install_hooks(model, col: _Collector) -> list:
             _counts[:] = torch.bincount(flat, minlength=E).tolist()
             for e, (a, n) in enumerate(zip(itertools.accumulate([0] + _counts), _counts)):
                 if n:
-                    col.add_expert(_names["gate"], E, e, x[a:a + n])
-                    col.add_expert(_names["up"], E, e, x[a:a + n])
+                    col.add_expert(_names["gate"], E, e, x[a : a + n])
+                    col.add_expert(_names["up"], E, e, x[a : a + n])
 
         def down_inputs(mod, args, h, _names=names, _counts=counts):
             a = 0
             for e, n in enumerate(_counts):
                 if n:
-                    col.add_expert(_names["down"], E, e, h[a:a + n])
+                    col.add_expert(_names["down"], E, e, h[a : a + n])
                     a += n
 
         handles.append(layer.mlp.experts.register_forward_pre_hook(routed))
@@ -227,9 +245,18 @@ def _install_hooks(model, col: _Collector) -> list:
     return handles
 
 
-def compute_imatrix(model_dir, text_file, out_path, n_ctx: int = 512, chunks: int | None = None,
-                    block_size: int | None = None, seed: int = 0, token_ids=None,
-                    progress: bool = True, log=print) -> Imatrix:
+def compute_imatrix(
+    model_dir,
+    text_file,
+    out_path,
+    n_ctx: int = 512,
+    chunks: int | None = None,
+    block_size: int | None = None,
+    seed: int = 0,
+    token_ids=None,
+    progress: bool = True,
+    log=print,
+) -> Imatrix:
     """Run the reference model over ``text_file`` in chunks of ``n_ctx`` tokens and write
     llama.cpp's GGUF imatrix to ``out_path``. ``token_ids`` (a list) bypasses the tokenizer."""
     from ..reference.model import CloverModel
@@ -242,6 +269,7 @@ def compute_imatrix(model_dir, text_file, out_path, n_ctx: int = 512, chunks: in
         text = Path(text_file).read_text(encoding="utf-8", errors="replace")
         if (model_dir / "tokenizer.json").exists():
             from ..tokenizer import CloverTokenizer
+
             token_ids = CloverTokenizer.from_dir(model_dir).encode(text)
         else:
             log(f"{model_dir}: no tokenizer.json; using bytes modulo the vocabulary as tokens")
@@ -259,11 +287,12 @@ def compute_imatrix(model_dir, text_file, out_path, n_ctx: int = 512, chunks: in
     it = range(n_chunks)
     if progress:
         from tqdm import tqdm
+
         it = tqdm(it, desc="imatrix", unit="chunk")
     try:
         with torch.no_grad():
             for k in it:
-                clean = ids[k * n_ctx:(k + 1) * n_ctx].view(1, -1, B)
+                clean = ids[k * n_ctx : (k + 1) * n_ctx].view(1, -1, B)
                 nb = clean.shape[1]
                 t = torch.rand(1, nb, 1, generator=g).clamp(min=1e-3)
                 m = torch.rand(1, nb, B, generator=g) < t

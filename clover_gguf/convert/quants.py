@@ -16,24 +16,35 @@ a thread pool (ctypes and numpy release the GIL).
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gq
 
-from . import ggml_lib
 from ..util import default_threads
+from . import ggml_lib
 
 Q = GGMLQuantizationType
 
 # user-facing names (lower case, as llama.cpp's ggml_type_name)
 TYPE_NAMES: dict[str, GGMLQuantizationType] = {
-    "f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16,
-    "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1,
-    "q2_k": Q.Q2_K, "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K,
-    "iq4_nl": Q.IQ4_NL, "iq4_xs": Q.IQ4_XS, "mxfp4": Q.MXFP4,
+    "f32": Q.F32,
+    "f16": Q.F16,
+    "bf16": Q.BF16,
+    "q8_0": Q.Q8_0,
+    "q4_0": Q.Q4_0,
+    "q4_1": Q.Q4_1,
+    "q5_0": Q.Q5_0,
+    "q5_1": Q.Q5_1,
+    "q2_k": Q.Q2_K,
+    "q3_k": Q.Q3_K,
+    "q4_k": Q.Q4_K,
+    "q5_k": Q.Q5_K,
+    "q6_k": Q.Q6_K,
+    "iq4_nl": Q.IQ4_NL,
+    "iq4_xs": Q.IQ4_XS,
+    "mxfp4": Q.MXFP4,
 }
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
@@ -49,8 +60,11 @@ IMATRIX_IGNORED = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.MXFP4})
 # type's block, use this 32-block type; if that still does not fit, F16.
 FALLBACK: dict[GGMLQuantizationType, GGMLQuantizationType] = {
     Q.IQ4_XS: Q.IQ4_NL,
-    Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0,
-    Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0,
+    Q.Q2_K: Q.Q4_0,
+    Q.Q3_K: Q.Q4_0,
+    Q.Q4_K: Q.Q5_0,
+    Q.Q5_K: Q.Q5_1,
+    Q.Q6_K: Q.Q8_0,
 }
 
 
@@ -107,8 +121,9 @@ def fallback_type(qt: GGMLQuantizationType, n_per_row: int) -> tuple[GGMLQuantiz
         new = qt
     if n_per_row % block_size(new):
         new = Q.F16
-    return new, (f"row length {n_per_row} is not a multiple of {blk} "
-                 f"(required for {type_name(qt)}) -> {type_name(new)}")
+    return new, (
+        f"row length {n_per_row} is not a multiple of {blk} (required for {type_name(qt)}) -> {type_name(new)}"
+    )
 
 
 def numpy_exact(qt: GGMLQuantizationType, with_imatrix: bool = False) -> bool:
@@ -133,7 +148,8 @@ def backend_for(qt: GGMLQuantizationType, with_imatrix: bool = False, backend: s
         if not numpy_exact(qt, with_imatrix):
             raise QuantBackendError(
                 f"{type_name(qt)}{' with an imatrix' if with_imatrix else ''} has no exact numpy "
-                f"quantizer; it needs ggml's. {ggml_lib.BUILD_HINT}")
+                f"quantizer; it needs ggml's. {ggml_lib.BUILD_HINT}"
+            )
         return "numpy"
     if backend == "ggml":
         ggml_lib.load(required=True)
@@ -149,7 +165,8 @@ def backend_for(qt: GGMLQuantizationType, with_imatrix: bool = False, backend: s
     raise QuantBackendError(
         f"type {type_name(qt)}{' with an imatrix' if with_imatrix else ''} needs ggml's quantizer "
         f"(libggml-base), which was not found. Without it, use a type gguf-py quantizes exactly "
-        f"({', '.join(type_name(t) for t in sorted(NUMPY_EXACT, key=int))}). {ggml_lib.BUILD_HINT}")
+        f"({', '.join(type_name(t) for t in sorted(NUMPY_EXACT, key=int))}). {ggml_lib.BUILD_HINT}"
+    )
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -170,9 +187,14 @@ def _numpy_rows(x: np.ndarray, qt: GGMLQuantizationType) -> np.ndarray:
     return gq.quantize(x, qt)
 
 
-def quantize_rows(x: np.ndarray, qt: GGMLQuantizationType, imatrix: np.ndarray | None = None,
-                  backend: str = "auto", threads: int | None = None,
-                  out: np.ndarray | None = None) -> np.ndarray:
+def quantize_rows(
+    x: np.ndarray,
+    qt: GGMLQuantizationType,
+    imatrix: np.ndarray | None = None,
+    backend: str = "auto",
+    threads: int | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Quantize the float32 matrix ``x`` [n_rows, n_per_row] to ``qt``.
 
     ``imatrix``: importance weights [n_per_row] for all the rows (one expert's), as

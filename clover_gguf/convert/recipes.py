@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from gguf import GGMLQuantizationType
 
-from . import quants
 from ..constants import RUNTIME_F32_TENSORS, tensor_group
+from . import quants
 
 F32_GROUPS = ("router", "memory", "conv", "norms")
 EXPERT_GROUPS = ("experts_gate_up", "experts_down")
@@ -42,21 +42,38 @@ class Recipe:
     tensor_types: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in [
-    Recipe("f32", "every tensor F32 (reproduces the spec's vectors in llama.cpp to 1e-4)", "f32", "f32"),
-    Recipe("bf16", "lossless: every 2-D weight in BF16", "bf16", "bf16"),
-    Recipe("q8_0", "Q8_0 everywhere (near lossless, half of BF16)", "q8_0", "q8_0"),
-    Recipe("q4_k", "default: experts Q4_K, the rest BF16", "bf16", "q4_k"),
-    Recipe("q4_k_m", "experts Q4_K with ffn_down_exps one step higher (Q5_K), "
-                     "attention/shared/embeddings Q8_0, output Q6_K",
-           "q8_0", "q4_k", ((r"ffn_down_exps", "q5_k"), (r"^output\.weight$", "q6_k"))),
-    Recipe("q5_k_m", "experts Q5_K with ffn_down_exps Q6_K, the rest Q8_0",
-           "q8_0", "q5_k", ((r"ffn_down_exps", "q6_k"),)),
-    Recipe("q4_0", "experts Q4_0, the rest Q8_0 (needs no libggml)", "q8_0", "q4_0"),
-    Recipe("mxfp4", "experts MXFP4 (as gpt-oss), the rest Q8_0 (needs no libggml)", "q8_0", "mxfp4"),
-    Recipe("iq4_xs", "experts IQ4_XS with ffn_down_exps Q5_K, the rest Q8_0 (use with --imatrix)",
-           "q8_0", "iq4_xs", ((r"ffn_down_exps", "q5_k"),)),
-]}
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in [
+        Recipe("f32", "every tensor F32 (reproduces the spec's vectors in llama.cpp to 1e-4)", "f32", "f32"),
+        Recipe("bf16", "lossless: every 2-D weight in BF16", "bf16", "bf16"),
+        Recipe("q8_0", "Q8_0 everywhere (near lossless, half of BF16)", "q8_0", "q8_0"),
+        Recipe("q4_k", "default: experts Q4_K, the rest BF16", "bf16", "q4_k"),
+        Recipe(
+            "q4_k_m",
+            "experts Q4_K with ffn_down_exps one step higher (Q5_K), attention/shared/embeddings Q8_0, output Q6_K",
+            "q8_0",
+            "q4_k",
+            ((r"ffn_down_exps", "q5_k"), (r"^output\.weight$", "q6_k")),
+        ),
+        Recipe(
+            "q5_k_m",
+            "experts Q5_K with ffn_down_exps Q6_K, the rest Q8_0",
+            "q8_0",
+            "q5_k",
+            ((r"ffn_down_exps", "q6_k"),),
+        ),
+        Recipe("q4_0", "experts Q4_0, the rest Q8_0 (needs no libggml)", "q8_0", "q4_0"),
+        Recipe("mxfp4", "experts MXFP4 (as gpt-oss), the rest Q8_0 (needs no libggml)", "q8_0", "mxfp4"),
+        Recipe(
+            "iq4_xs",
+            "experts IQ4_XS with ffn_down_exps Q5_K, the rest Q8_0 (use with --imatrix)",
+            "q8_0",
+            "iq4_xs",
+            ((r"ffn_down_exps", "q5_k"),),
+        ),
+    ]
+}
 
 
 def get_recipe(name: str) -> Recipe:
@@ -88,8 +105,9 @@ class TypeRules:
     recipe: str | None
 
     @classmethod
-    def make(cls, outtype: str | None = None, experts: str | None = None,
-             tensor_types=None, recipe: str | None = None) -> "TypeRules":
+    def make(
+        cls, outtype: str | None = None, experts: str | None = None, tensor_types=None, recipe: str | None = None
+    ) -> TypeRules:
         """Explicit outtype/experts win over the recipe's; explicit --tensor-type entries
         come before the recipe's (first match wins)."""
         r = get_recipe(recipe) if recipe else None
@@ -100,7 +118,7 @@ class TypeRules:
         if exp not in quants.EXPERT_TYPES:
             raise ValueError(f"--experts {exp!r}: must be one of {', '.join(quants.EXPERT_TYPES)}")
         tts = []
-        for tt in (tensor_types or []):
+        for tt in tensor_types or []:
             tts.append(parse_tensor_type(tt) if isinstance(tt, str) else parse_tensor_type(f"{tt[0]}={tt[1]}"))
         if r:
             tts += list(r.tensor_types)
@@ -131,8 +149,19 @@ class TypeRules:
     def file_type(self) -> int:
         """general.file_type (llama_ftype) from the experts' type, which holds most weights."""
         from gguf import LlamaFileType as F
-        m = {"q4_k": F.MOSTLY_Q4_K_M, "q4_0": F.MOSTLY_Q4_0, "q4_1": F.MOSTLY_Q4_1,
-             "iq4_nl": F.MOSTLY_IQ4_NL, "iq4_xs": F.MOSTLY_IQ4_XS, "mxfp4": F.MOSTLY_MXFP4_MOE,
-             "q5_k": F.MOSTLY_Q5_K_M, "q6_k": F.MOSTLY_Q6_K, "q8_0": F.MOSTLY_Q8_0,
-             "bf16": F.MOSTLY_BF16, "f16": F.MOSTLY_F16, "f32": F.ALL_F32}
+
+        m = {
+            "q4_k": F.MOSTLY_Q4_K_M,
+            "q4_0": F.MOSTLY_Q4_0,
+            "q4_1": F.MOSTLY_Q4_1,
+            "iq4_nl": F.MOSTLY_IQ4_NL,
+            "iq4_xs": F.MOSTLY_IQ4_XS,
+            "mxfp4": F.MOSTLY_MXFP4_MOE,
+            "q5_k": F.MOSTLY_Q5_K_M,
+            "q6_k": F.MOSTLY_Q6_K,
+            "q8_0": F.MOSTLY_Q8_0,
+            "bf16": F.MOSTLY_BF16,
+            "f16": F.MOSTLY_F16,
+            "f32": F.ALL_F32,
+        }
         return int(m[self.experts])

@@ -14,12 +14,12 @@ after committing the clean blocks before it, ordered row-major over ``select``.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from pathlib import Path
-from ..util import default_threads, sha256_file
 
 import torch
+
+from ..util import default_threads, sha256_file
 
 PROVIDERS = ("reference-bf16", "reference-dequant", "runtime")
 
@@ -36,6 +36,7 @@ def model_dir_hash(model_dir) -> str:
 
 def load_reference(model_dir):
     from ..reference.model import CloverModel
+
     return CloverModel.from_pretrained(model_dir, dtype=torch.float32)
 
 
@@ -43,6 +44,7 @@ def load_dequantized(gguf_path):
     """(model, config) of the PyTorch reference on a GGUF's dequantized weights."""
     from ..gguf_io.reader import load_gguf_as_hf_tensors
     from ..reference.model import CloverModel
+
     cfg, tensors = load_gguf_as_hf_tensors(gguf_path)
     return CloverModel.from_tensors(cfg, tensors, torch.float32)
 
@@ -51,6 +53,7 @@ def runtime_status() -> tuple[bool, str]:
     """(available, why not / what) for the llama.cpp runtime."""
     try:
         from ..runtime import bindings, runtime  # noqa: F401
+
         bindings.load()
     except Exception as e:  # not written yet, not built, or libllama without the clover API
         return False, f"{type(e).__name__}: {e}"
@@ -60,6 +63,7 @@ def runtime_status() -> tuple[bool, str]:
 def open_runtime(gguf_path, n_threads: int | None = None, n_gpu_layers: int = 0, max_block: int | None = None):
     """CloverRuntime on a GGUF; ``max_block`` raises n_ubatch/n_batch to fit that block size."""
     from ..runtime.runtime import CloverRuntime
+
     kw = {}
     if max_block and max_block > 256:  # CloverRuntime's default n_ubatch is max(256, B)
         kw = {"n_ubatch": int(max_block), "n_batch": int(max_block)}
@@ -67,8 +71,6 @@ def open_runtime(gguf_path, n_threads: int | None = None, n_gpu_layers: int = 0,
         return CloverRuntime(str(gguf_path), n_threads=n_threads or default_threads(), n_gpu_layers=n_gpu_layers, **kw)
     except TypeError:
         return CloverRuntime(str(gguf_path), n_threads=n_threads or default_threads(), n_gpu_layers=n_gpu_layers)
-
-
 
 
 class TorchProvider:
@@ -96,6 +98,7 @@ class GenerationTorch:
 
     def __call__(self):
         from ..reference.generate import TorchBackend
+
         return TorchBackend(self.model)
 
 

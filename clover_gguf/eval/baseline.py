@@ -34,6 +34,7 @@ STAGES = ("files", "quality", "sensitivity", "speed", "bundle")
 
 def make_files(reference, work_dir, files=BASELINE_FILES, log=print) -> list[tuple[str, Path, dict]]:
     from ..convert.converter import convert
+
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     out = []
@@ -46,14 +47,25 @@ def make_files(reference, work_dir, files=BASELINE_FILES, log=print) -> list[tup
     return out
 
 
-def run_baseline(reference, out_dir, work_dir, speed: bool = True, sensitivity: bool = True,
-                 quality_kw: dict | None = None, speed_kw: dict | None = None, sens_kw: dict | None = None,
-                 stage: str = "all", summary: str | None = None, log=print) -> dict | None:
+def run_baseline(
+    reference,
+    out_dir,
+    work_dir,
+    speed: bool = True,
+    sensitivity: bool = True,
+    quality_kw: dict | None = None,
+    speed_kw: dict | None = None,
+    sens_kw: dict | None = None,
+    stage: str = "all",
+    summary: str | None = None,
+    log=print,
+) -> dict | None:
     from .backends import runtime_status
     from .quality import run_quality
     from .report import render
     from .sensitivity import run_sensitivity
     from .speed import run_speed
+
     t0 = time.perf_counter()
     out, work = Path(out_dir), Path(work_dir)
     stages = STAGES if stage == "all" else (stage,)
@@ -65,15 +77,34 @@ def run_baseline(reference, out_dir, work_dir, speed: bool = True, sensitivity: 
     if "quality" in stages:
         # both providers when the runtime is built; the generation agreement through the
         # runtime's own loop (as users run it), else the PyTorch loop on the dequantized weights
-        q = run_quality(reference, paths, out_dir=work / "quality", names=names, log=log,
-                        backend="both" if rt_ok else "reference",
-                        generation_providers=("runtime",) if rt_ok else ("reference-dequant",), **qkw)
+        q = run_quality(
+            reference,
+            paths,
+            out_dir=work / "quality",
+            names=names,
+            log=log,
+            backend="both" if rt_ok else "reference",
+            generation_providers=("runtime",) if rt_ok else ("reference-dequant",),
+            **qkw,
+        )
         for m, (_, _, kw) in zip(q["models"], files):
             m["convert_options"] = kw
         (work / "quality.json").write_text(json.dumps(q, indent=1) + "\n")
     if "sensitivity" in stages and sensitivity:
-        skw = {k: v for k, v in qkw.items() if k not in ("prompts", "max_new_tokens", "gen_steps", "gen_threshold",
-                                                         "n_prompts", "generation", "runtime_threads")}
+        skw = {
+            k: v
+            for k, v in qkw.items()
+            if k
+            not in (
+                "prompts",
+                "max_new_tokens",
+                "gen_steps",
+                "gen_threshold",
+                "n_prompts",
+                "generation",
+                "runtime_threads",
+            )
+        }
         skw.update(sens_kw or {})
         s = run_sensitivity(reference, work / "sensitivity", log=log, work_dir=work / "sens", **skw)
         (work / "sensitivity.json").write_text(json.dumps(s, indent=1) + "\n")
@@ -94,9 +125,16 @@ def run_baseline(reference, out_dir, work_dir, speed: bool = True, sensitivity: 
         if f.is_file():
             secs[k] = json.loads(f.read_text())
     if not secs:
-        raise FileNotFoundError(f"{work}: no quality.json, sensitivity.json or speed.json to bundle (run the stages first)")
-    bundle = {"schema": "clover-gguf-eval/1", "kind": "bundle", "title": "clover-tiny quantization baseline",
-              "sections": secs, "seconds": time.perf_counter() - t0}
+        raise FileNotFoundError(
+            f"{work}: no quality.json, sensitivity.json or speed.json to bundle (run the stages first)"
+        )
+    bundle = {
+        "schema": "clover-gguf-eval/1",
+        "kind": "bundle",
+        "title": "clover-tiny quantization baseline",
+        "sections": secs,
+        "seconds": time.perf_counter() - t0,
+    }
     if summary:
         bundle["summary"] = summary
     out.mkdir(parents=True, exist_ok=True)

@@ -26,17 +26,28 @@ def _top_k(s):
 
 def _sample_options(f):
     opts = [
-        click.option("--corpus", "corpus", multiple=True, type=click.Path(exists=True, dir_okay=False),
-                     help="Text files or JSONL ({\"text\": ...} per line); default: the held-out stdlib "
-                          "modules (evaldata/heldout-stdlib.json)."),
+        click.option(
+            "--corpus",
+            "corpus",
+            multiple=True,
+            type=click.Path(exists=True, dir_okay=False),
+            help='Text files or JSONL ({"text": ...} per line); default: the held-out stdlib '
+            "modules (evaldata/heldout-stdlib.json).",
+        ),
         click.option("--windows", "n_windows", default=6, show_default=True, help="Windows sampled from the corpus."),
-        click.option("--blocks", "n_blocks", default=64, show_default=True, help="Blocks per window (max history + 1)."),
+        click.option(
+            "--blocks", "n_blocks", default=64, show_default=True, help="Blocks per window (max history + 1)."
+        ),
         click.option("--block-size", type=int, default=None, help="Block size (default: the model's)."),
         click.option("--ratios", default="0.15,0.5,0.85,1.0", show_default=True, help="Mask ratios."),
         click.option("--seed", default=1234, show_default=True),
-        click.option("--top-k", default="auto", show_default=True,
-                     help="Reference logits kept per position: a number, or auto (smallest of 256/512/1024/2048 "
-                          "leaving a mean tail mass <= 1e-3 on the first window)."),
+        click.option(
+            "--top-k",
+            default="auto",
+            show_default=True,
+            help="Reference logits kept per position: a number, or auto (smallest of 256/512/1024/2048 "
+            "leaving a mean tail mass <= 1e-3 on the first window).",
+        ),
         click.option("--threads", type=int, default=None, help="Torch / llama.cpp threads (default: all cores)."),
     ]
     for o in reversed(opts):
@@ -50,15 +61,28 @@ def eval_group():
 
 
 @eval_group.command("quality")
-@click.option("--reference", required=True, type=click.Path(exists=True, file_okay=False),
-              help="The BF16 model dir (safetensors + config.json [+ tokenizer]).")
+@click.option(
+    "--reference",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="The BF16 model dir (safetensors + config.json [+ tokenizer]).",
+)
 @click.argument("ggufs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @_sample_options
-@click.option("--backend", type=click.Choice(["auto", "reference", "runtime", "both"]), default="auto",
-              show_default=True, help="reference = PyTorch on dequantized weights; runtime = patched llama.cpp; "
-                                      "auto = both when the runtime is built.")
-@click.option("--prompts", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Prompt set (JSONL) for the generation agreement (default evaldata/prompts/clover-tiny-code.jsonl).")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "reference", "runtime", "both"]),
+    default="auto",
+    show_default=True,
+    help="reference = PyTorch on dequantized weights; runtime = patched llama.cpp; "
+    "auto = both when the runtime is built.",
+)
+@click.option(
+    "--prompts",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Prompt set (JSONL) for the generation agreement (default evaldata/prompts/clover-tiny-code.jsonl).",
+)
 @click.option("--n-prompts", type=int, default=None, help="Use the first N prompts of the prompt set.")
 @click.option("--max-new-tokens", default=64, show_default=True)
 @click.option("--steps", "gen_steps", type=int, default=None, help="steps schedule (default block_size/2).")
@@ -67,55 +91,142 @@ def eval_group():
 @click.option("--runtime-threads", type=int, default=None, help="llama.cpp threads (default --threads).")
 @click.option("--name", "names", multiple=True, help="Display name per GGUF, in order.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/quality", show_default=True)
-def quality_cmd(reference, ggufs, corpus, n_windows, n_blocks, block_size, ratios, seed, top_k, threads, backend,
-                prompts, n_prompts, max_new_tokens, gen_steps, gen_threshold, no_generation, runtime_threads, names,
-                out_dir):
+def quality_cmd(
+    reference,
+    ggufs,
+    corpus,
+    n_windows,
+    n_blocks,
+    block_size,
+    ratios,
+    seed,
+    top_k,
+    threads,
+    backend,
+    prompts,
+    n_prompts,
+    max_new_tokens,
+    gen_steps,
+    gen_threshold,
+    no_generation,
+    runtime_threads,
+    names,
+    out_dir,
+):
     """KL / NLL / top-1 / generation agreement of GGUFs against the reference."""
     from .quality import run_quality
     from .report import render
-    run_quality(reference, ggufs, list(corpus) or None, backend, out_dir, n_windows=n_windows, n_blocks=n_blocks,
-                block_size=block_size, ratios=_ratios(ratios), seed=seed, top_k=_top_k(top_k), prompts=prompts,
-                max_new_tokens=max_new_tokens, gen_steps=gen_steps, gen_threshold=gen_threshold,
-                threads=threads, generation=not no_generation, names=list(names) or None,
-                runtime_threads=runtime_threads, n_prompts=n_prompts)
+
+    run_quality(
+        reference,
+        ggufs,
+        list(corpus) or None,
+        backend,
+        out_dir,
+        n_windows=n_windows,
+        n_blocks=n_blocks,
+        block_size=block_size,
+        ratios=_ratios(ratios),
+        seed=seed,
+        top_k=_top_k(top_k),
+        prompts=prompts,
+        max_new_tokens=max_new_tokens,
+        gen_steps=gen_steps,
+        gen_threshold=gen_threshold,
+        threads=threads,
+        generation=not no_generation,
+        names=list(names) or None,
+        runtime_threads=runtime_threads,
+        n_prompts=n_prompts,
+    )
     click.echo(f"wrote {render(Path(out_dir) / 'quality.json')}")
 
 
 @eval_group.command("speed")
 @click.argument("ggufs", nargs=-1, type=click.Path(exists=True, dir_okay=False))
-@click.option("--reference", type=click.Path(exists=True, file_okay=False), default=None,
-              help="BF16 model dir: adds the PyTorch reference row (the speedup baseline) and the prompt text.")
+@click.option(
+    "--reference",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="BF16 model dir: adds the PyTorch reference row (the speedup baseline) and the prompt text.",
+)
 @click.option("--runs", default=5, show_default=True, help="Recorded runs per figure (median, p10, p90).")
 @click.option("--warmup", default=1, show_default=True, help="Unrecorded runs before them.")
-@click.option("--backend", "backends", multiple=True, type=click.Choice(["auto", "runtime", "reference-dequant", "both"]),
-              default=("auto",), show_default=True)
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["auto", "runtime", "reference-dequant", "both"]),
+    default=("auto",),
+    show_default=True,
+)
 @click.option("--block-size", default=16, show_default=True)
 @click.option("--steps", type=int, default=None, help="steps schedule (default: threshold schedule).")
 @click.option("--threshold", default=0.9, show_default=True)
 @click.option("--prompt-len", default=64, show_default=True)
 @click.option("--max-new-tokens", default=64, show_default=True)
-@click.option("--sweep", "sweeps", multiple=True,
-              help="PARAM=V1,V2,... over block_size, threshold, steps, prompt_len, max_new_tokens (one at a time).")
+@click.option(
+    "--sweep",
+    "sweeps",
+    multiple=True,
+    help="PARAM=V1,V2,... over block_size, threshold, steps, prompt_len, max_new_tokens (one at a time).",
+)
 @click.option("--threads", type=int, default=None)
 @click.option("--runtime-threads", type=int, default=None, help="llama.cpp threads (default --threads).")
-@click.option("--n-gpu-layers", "n_gpu_layers", default=0, show_default=True, help="llama.cpp layers offloaded to the GPU.")
+@click.option(
+    "--n-gpu-layers", "n_gpu_layers", default=0, show_default=True, help="llama.cpp layers offloaded to the GPU."
+)
 @click.option("--name", "names", multiple=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/speed", show_default=True)
-def speed_cmd(ggufs, reference, runs, warmup, backends, block_size, steps, threshold, prompt_len, max_new_tokens,
-              sweeps, threads, runtime_threads, n_gpu_layers, names, out_dir):
+def speed_cmd(
+    ggufs,
+    reference,
+    runs,
+    warmup,
+    backends,
+    block_size,
+    steps,
+    threshold,
+    prompt_len,
+    max_new_tokens,
+    sweeps,
+    threads,
+    runtime_threads,
+    n_gpu_layers,
+    names,
+    out_dir,
+):
     """Prompt/generation tokens/s, step time, load time, peak memory, each over N runs."""
     from .report import render
     from .speed import parse_sweep, run_speed
+
     if not ggufs and not reference:
         raise click.UsageError("give GGUF files and/or --reference")
     try:
         sw = parse_sweep(sweeps)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-    base = {"block_size": block_size, "steps": steps, "threshold": None if steps else threshold,
-            "prompt_len": prompt_len, "max_new_tokens": max_new_tokens}
-    run_speed(ggufs, reference, backends, runs, warmup, threads, base, sw, out_dir, names=list(names) or None,
-              runtime_threads=runtime_threads, n_gpu_layers=n_gpu_layers)
+    base = {
+        "block_size": block_size,
+        "steps": steps,
+        "threshold": None if steps else threshold,
+        "prompt_len": prompt_len,
+        "max_new_tokens": max_new_tokens,
+    }
+    run_speed(
+        ggufs,
+        reference,
+        backends,
+        runs,
+        warmup,
+        threads,
+        base,
+        sw,
+        out_dir,
+        names=list(names) or None,
+        runtime_threads=runtime_threads,
+        n_gpu_layers=n_gpu_layers,
+    )
     click.echo(f"wrote {render(Path(out_dir) / 'speed.json')}")
 
 
@@ -123,27 +234,55 @@ def speed_cmd(ggufs, reference, runs, warmup, backends, block_size, steps, thres
 @click.option("--reference", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--type", "qtype", default="q4_k", show_default=True, help="Type given to one group at a time.")
 @click.option("--base", default="bf16", show_default=True, help="Type of every other 2-D weight.")
-@click.option("--group", "groups", multiple=True, help="Groups of constants.TENSOR_GROUPS (default: experts_gate_up, "
-                                                       "experts_down, attention, memory, shared_expert, embeddings, output).")
+@click.option(
+    "--group",
+    "groups",
+    multiple=True,
+    help="Groups of constants.TENSOR_GROUPS (default: experts_gate_up, "
+    "experts_down, attention, memory, shared_expert, embeddings, output).",
+)
 @_sample_options
 @click.option("--keep", is_flag=True, help="Keep the per-group GGUFs.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/sensitivity", show_default=True)
-def sensitivity_cmd(reference, qtype, base, groups, corpus, n_windows, n_blocks, block_size, ratios, seed, top_k,
-                    threads, keep, out_dir):
+def sensitivity_cmd(
+    reference, qtype, base, groups, corpus, n_windows, n_blocks, block_size, ratios, seed, top_k, threads, keep, out_dir
+):
     """KL and bytes of each tensor group quantized alone."""
     from .report import render
     from .sensitivity import DEFAULT_GROUPS, run_sensitivity
-    run_sensitivity(reference, out_dir, tuple(groups) or DEFAULT_GROUPS, qtype, base, keep=keep,
-                    corpus=list(corpus) or None, n_windows=n_windows, n_blocks=n_blocks, block_size=block_size,
-                    ratios=_ratios(ratios), seed=seed, top_k=_top_k(top_k), threads=threads)
+
+    run_sensitivity(
+        reference,
+        out_dir,
+        tuple(groups) or DEFAULT_GROUPS,
+        qtype,
+        base,
+        keep=keep,
+        corpus=list(corpus) or None,
+        n_windows=n_windows,
+        n_blocks=n_blocks,
+        block_size=block_size,
+        ratios=_ratios(ratios),
+        seed=seed,
+        top_k=_top_k(top_k),
+        threads=threads,
+    )
     click.echo(f"wrote {render(Path(out_dir) / 'sensitivity.json')}")
 
 
 @eval_group.command("baseline")
 @click.option("--reference", required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="evaldata/baseline/clover-tiny", show_default=True)
-@click.option("--work", "work_dir", type=click.Path(file_okay=False), default="out/eval/baseline-work", show_default=True,
-              help="Where the GGUFs and the reference-logit cache go (not committed).")
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False), default="evaldata/baseline/clover-tiny", show_default=True
+)
+@click.option(
+    "--work",
+    "work_dir",
+    type=click.Path(file_okay=False),
+    default="out/eval/baseline-work",
+    show_default=True,
+    help="Where the GGUFs and the reference-logit cache go (not committed).",
+)
 @click.option("--windows", "n_windows", default=6, show_default=True)
 @click.option("--blocks", "n_blocks", default=64, show_default=True)
 @click.option("--runs", default=5, show_default=True)
@@ -154,30 +293,83 @@ def sensitivity_cmd(reference, qtype, base, groups, corpus, n_windows, n_blocks,
 @click.option("--sens-windows", type=int, default=None, help="Windows for the sensitivity run (default: --windows).")
 @click.option("--no-speed", is_flag=True)
 @click.option("--no-sensitivity", is_flag=True)
-@click.option("--stage", type=click.Choice(["all", "files", "quality", "sensitivity", "speed", "bundle"]), default="all",
-              show_default=True, help="Run one stage (each writes its JSON in the work dir; 'bundle' gathers them).")
-@click.option("--summary-file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Markdown put at the top of the report (bundle stage).")
-@click.option("--reference-sweep/--no-reference-sweep", default=False, show_default=True,
-              help="Also sweep the PyTorch reference row (slow on CPU).")
+@click.option(
+    "--stage",
+    type=click.Choice(["all", "files", "quality", "sensitivity", "speed", "bundle"]),
+    default="all",
+    show_default=True,
+    help="Run one stage (each writes its JSON in the work dir; 'bundle' gathers them).",
+)
+@click.option(
+    "--summary-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Markdown put at the top of the report (bundle stage).",
+)
+@click.option(
+    "--reference-sweep/--no-reference-sweep",
+    default=False,
+    show_default=True,
+    help="Also sweep the PyTorch reference row (slow on CPU).",
+)
 @click.option("--threads", type=int, default=None)
-@click.option("--runtime-threads", type=int, default=None,
-              help="llama.cpp threads (default --threads); 1 on an oversubscribed machine, where ggml's spinning "
-                   "thread pool stalls.")
-def baseline_cmd(reference, out_dir, work_dir, n_windows, n_blocks, runs, sweeps, n_prompts, max_new_tokens, sens_type,
-                 sens_windows, no_speed, no_sensitivity, stage, summary_file, reference_sweep, threads, runtime_threads):
+@click.option(
+    "--runtime-threads",
+    type=int,
+    default=None,
+    help="llama.cpp threads (default --threads); 1 on an oversubscribed machine, where ggml's spinning "
+    "thread pool stalls.",
+)
+def baseline_cmd(
+    reference,
+    out_dir,
+    work_dir,
+    n_windows,
+    n_blocks,
+    runs,
+    sweeps,
+    n_prompts,
+    max_new_tokens,
+    sens_type,
+    sens_windows,
+    no_speed,
+    no_sensitivity,
+    stage,
+    summary_file,
+    reference_sweep,
+    threads,
+    runtime_threads,
+):
     """Convert the standard GGUF set and write the committed baseline report."""
     from .baseline import run_baseline
     from .speed import DEFAULT_BASE, parse_sweep
-    run_baseline(reference, out_dir, work_dir, speed=not no_speed, sensitivity=not no_sensitivity,
-                 quality_kw={"n_windows": n_windows, "n_blocks": n_blocks, "threads": threads,
-                             "n_prompts": n_prompts, "max_new_tokens": max_new_tokens,
-                             "runtime_threads": runtime_threads},
-                 speed_kw={"runs": runs, "sweeps": parse_sweep(sweeps), "threads": threads,
-                           "runtime_threads": runtime_threads, "sweep_reference": reference_sweep,
-                           "base": {**DEFAULT_BASE, "max_new_tokens": max_new_tokens}},
-                 sens_kw={"qtype": sens_type, "n_windows": sens_windows or n_windows}, stage=stage,
-                 summary=Path(summary_file).read_text() if summary_file else None)
+
+    run_baseline(
+        reference,
+        out_dir,
+        work_dir,
+        speed=not no_speed,
+        sensitivity=not no_sensitivity,
+        quality_kw={
+            "n_windows": n_windows,
+            "n_blocks": n_blocks,
+            "threads": threads,
+            "n_prompts": n_prompts,
+            "max_new_tokens": max_new_tokens,
+            "runtime_threads": runtime_threads,
+        },
+        speed_kw={
+            "runs": runs,
+            "sweeps": parse_sweep(sweeps),
+            "threads": threads,
+            "runtime_threads": runtime_threads,
+            "sweep_reference": reference_sweep,
+            "base": {**DEFAULT_BASE, "max_new_tokens": max_new_tokens},
+        },
+        sens_kw={"qtype": sens_type, "n_windows": sens_windows or n_windows},
+        stage=stage,
+        summary=Path(summary_file).read_text() if summary_file else None,
+    )
     if stage in ("all", "bundle"):
         click.echo(f"wrote {Path(out_dir) / 'report.md'}")
     else:
@@ -186,9 +378,16 @@ def baseline_cmd(reference, out_dir, work_dir, n_windows, n_blocks, runs, sweeps
 
 @click.command("report")
 @click.argument("run_json", type=click.Path(exists=True, dir_okay=False))
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Output folder (default: the JSON's folder).")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output folder (default: the JSON's folder).",
+)
 def report_command(run_json, out_dir):
     """Render a saved eval JSON (quality, speed, sensitivity or bundle) to Markdown + PNG."""
     from .report import render
+
     click.echo(f"wrote {render(run_json, out_dir)}")

@@ -30,8 +30,8 @@ import torch
 
 DEFAULT_RATIOS = (0.15, 0.5, 0.85, 1.0)
 DEFAULT_SEED = 1234
-PROBE_MIN_DIST = 64     # tokens
-PROBE_NEAR = 32         # tokens of recent history that must not contain the token
+PROBE_MIN_DIST = 64  # tokens
+PROBE_NEAR = 32  # tokens of recent history that must not contain the token
 PROBE_BINS = (64, 128, 256, 512, 1 << 30)
 HISTORY_BINS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127), (128, 1 << 30))
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{2,}$")
@@ -44,7 +44,7 @@ class EvalCorpusError(RuntimeError):
 @dataclass
 class Document:
     name: str
-    tokens: np.ndarray          # int64
+    tokens: np.ndarray  # int64
     nbytes: int = 0
 
 
@@ -65,7 +65,7 @@ def read_texts(paths) -> list[tuple[str, str]]:
                     raise EvalCorpusError(f"{p}:{i + 1}: not JSON ({e})") from None
                 text = obj if isinstance(obj, str) else obj.get("text") if isinstance(obj, dict) else None
                 if not isinstance(text, str):
-                    raise EvalCorpusError(f"{p}:{i + 1}: expected a string or an object with a \"text\" string")
+                    raise EvalCorpusError(f'{p}:{i + 1}: expected a string or an object with a "text" string')
                 out.append((f"{p.name}:{i + 1}", text))
         else:
             out.append((p.name if p.is_absolute() else str(p), p.read_text(encoding="utf-8")))
@@ -75,6 +75,7 @@ def read_texts(paths) -> list[tuple[str, str]]:
 def default_corpus_files() -> tuple[list[Path], str]:
     """clover-tiny's held-out stdlib files and a description (evaldata/heldout-stdlib.json)."""
     from ..train.data import HELDOUT_MANIFEST, heldout_files
+
     return heldout_files(), f"held-out stdlib modules ({HELDOUT_MANIFEST.relative_to(HELDOUT_MANIFEST.parents[1])})"
 
 
@@ -85,9 +86,9 @@ def tokenize(tokenizer, texts: list[tuple[str, str]]) -> list[Document]:
 
 @dataclass
 class Window:
-    doc: int                   # index into the document list
-    offset: int                # token offset in the document (block aligned)
-    tokens: np.ndarray         # [n_blocks * B]
+    doc: int  # index into the document list
+    offset: int  # token offset in the document (block aligned)
+    tokens: np.ndarray  # [n_blocks * B]
 
 
 @dataclass
@@ -96,12 +97,13 @@ class SampleSet:
 
     Scored positions are ordered window by window; inside a window by ratio, block, slot
     (row-major over the boolean mask [R, nb, B]). ``meta`` arrays are parallel to that order."""
+
     block_size: int
     ratios: tuple[float, ...]
     seed: int
     docs: list[Document]
     windows: list[Window]
-    masks: list[np.ndarray]            # per window, bool [R, nb, B]
+    masks: list[np.ndarray]  # per window, bool [R, nb, B]
     meta: dict[str, np.ndarray] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
     mask_token_id: int = 1
@@ -136,16 +138,28 @@ class SampleSet:
 
     def describe(self) -> dict:
         nb = [self.n_blocks(i) for i in range(len(self.windows))]
-        return {**self.info, "block_size": self.block_size, "ratios": list(self.ratios), "seed": self.seed,
-                "n_windows": len(self.windows), "blocks_per_window": nb,
-                "scored_positions": self.n_positions, "fingerprint": self.fingerprint(),
-                "windows": [{"doc": self.docs[w.doc].name, "offset": int(w.offset), "n_blocks": n}
-                            for w, n in zip(self.windows, nb)],
-                "masking": "per block, max(1, round(ratio*L)) positions drawn with torch.Generator("
-                           "seed + 1000*window + ratio_index).randperm",
-                "probes": {"min_distance": PROBE_MIN_DIST, "near": PROBE_NEAR, "bins": list(PROBE_BINS[:-1]),
-                           "rule": "masked identifier-like token absent from the block's visible tokens and "
-                                   f"the last {PROBE_NEAR} history tokens, last seen >= {PROBE_MIN_DIST} tokens back"}}
+        return {
+            **self.info,
+            "block_size": self.block_size,
+            "ratios": list(self.ratios),
+            "seed": self.seed,
+            "n_windows": len(self.windows),
+            "blocks_per_window": nb,
+            "scored_positions": self.n_positions,
+            "fingerprint": self.fingerprint(),
+            "windows": [
+                {"doc": self.docs[w.doc].name, "offset": int(w.offset), "n_blocks": n} for w, n in zip(self.windows, nb)
+            ],
+            "masking": "per block, max(1, round(ratio*L)) positions drawn with torch.Generator("
+            "seed + 1000*window + ratio_index).randperm",
+            "probes": {
+                "min_distance": PROBE_MIN_DIST,
+                "near": PROBE_NEAR,
+                "bins": list(PROBE_BINS[:-1]),
+                "rule": "masked identifier-like token absent from the block's visible tokens and "
+                f"the last {PROBE_NEAR} history tokens, last seen >= {PROBE_MIN_DIST} tokens back",
+            },
+        }
 
 
 def _choose_windows(docs: list[Document], B: int, n_windows: int, n_blocks: int, rng: np.random.Generator):
@@ -164,13 +178,21 @@ def _choose_windows(docs: list[Document], B: int, n_windows: int, n_blocks: int,
         if (i, off) in used and len(used) < weight.sum():
             continue  # drawn twice: skip (deterministic)
         used.add((i, off))
-        out.append(Window(i, off, docs[i].tokens[off: off + min(W, lens[i] - off)].copy()))
+        out.append(Window(i, off, docs[i].tokens[off : off + min(W, lens[i] - off)].copy()))
     return out
 
 
-def build_samples(docs: list[Document], block_size: int, n_windows: int = 6, n_blocks: int = 64,
-                  ratios=DEFAULT_RATIOS, seed: int = DEFAULT_SEED, mask_token_id: int = 1,
-                  is_identifier=None, info: dict | None = None) -> SampleSet:
+def build_samples(
+    docs: list[Document],
+    block_size: int,
+    n_windows: int = 6,
+    n_blocks: int = 64,
+    ratios=DEFAULT_RATIOS,
+    seed: int = DEFAULT_SEED,
+    mask_token_id: int = 1,
+    is_identifier=None,
+    info: dict | None = None,
+) -> SampleSet:
     """Windows and masks (see the module docstring). ``is_identifier(token_id) -> bool``
     marks probe candidates (default: every token)."""
     B = int(block_size)
@@ -205,7 +227,7 @@ def build_samples(docs: list[Document], block_size: int, n_windows: int = 6, n_b
                 hist = prev_last[b]
                 if t in hist and (is_identifier is None or is_identifier(t)):
                     d = pos - hist[t]
-                    visible = toks[b * B: (b + 1) * B][~m[ri, b]]
+                    visible = toks[b * B : (b + 1) * B][~m[ri, b]]
                     if d >= PROBE_MIN_DIST and hist[t] < b * B - PROBE_NEAR and t not in set(visible.tolist()):
                         dist = d
                 meta["window"].append(wi)
@@ -227,6 +249,7 @@ def identifier_predicate(tokenizer):
             s = tokenizer.decode([t]).strip()
             cache[t] = bool(_IDENT.match(s))
         return cache[t]
+
     return f
 
 
@@ -256,8 +279,12 @@ def load_corpus(paths=None, tokenizer=None) -> tuple[list[Document], dict]:
         files, desc = default_corpus_files()
     texts = read_texts(files)
     docs = tokenize(tokenizer, texts)
-    info = {"corpus": desc, "files": [str(f) for f in files] if paths else len(files),
-            "documents": len(docs), "bytes": int(sum(d.nbytes for d in docs)),
-            "tokens": int(sum(len(d.tokens) for d in docs)),
-            "tokenizer_sha256": tokenizer.fingerprint() if hasattr(tokenizer, "fingerprint") else None}
+    info = {
+        "corpus": desc,
+        "files": [str(f) for f in files] if paths else len(files),
+        "documents": len(docs),
+        "bytes": int(sum(d.nbytes for d in docs)),
+        "tokens": int(sum(len(d.tokens) for d in docs)),
+        "tokenizer_sha256": tokenizer.fingerprint() if hasattr(tokenizer, "fingerprint") else None,
+    }
     return docs, info

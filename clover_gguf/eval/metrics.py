@@ -72,14 +72,16 @@ def kl_full(ref_logits: torch.Tensor, q_logits: torch.Tensor, exclude: int | Non
 
 # ---- compact reference logits ------------------------------------------------------------
 
+
 @dataclass
 class CompactLogits:
     """Reference distribution of n scored positions: top-k ids/logits, lse, true-token logprob."""
-    top_ids: torch.Tensor      # [n, k] int32, by descending logit
-    top_logits: torch.Tensor   # [n, k] float32 (the logits as the model produced them)
-    lse: torch.Tensor          # [n] float64 log-sum-exp of the (mask-excluded) logits
+
+    top_ids: torch.Tensor  # [n, k] int32, by descending logit
+    top_logits: torch.Tensor  # [n, k] float32 (the logits as the model produced them)
+    lse: torch.Tensor  # [n] float64 log-sum-exp of the (mask-excluded) logits
     target_logp: torch.Tensor  # [n] float64 log P(true token) (nats)
-    tail_logp: torch.Tensor    # [n] float64 log of the mass outside the top-k (summed over the tail itself)
+    tail_logp: torch.Tensor  # [n] float64 log of the mass outside the top-k (summed over the tail itself)
 
     @property
     def n(self) -> int:
@@ -98,30 +100,33 @@ class CompactLogits:
     def argmax(self) -> torch.Tensor:
         return self.top_ids[:, 0].long()
 
-    def cat(self, other: "CompactLogits") -> "CompactLogits":
+    def cat(self, other: CompactLogits) -> CompactLogits:
         return CompactLogits(*(torch.cat([a, b]) for a, b in zip(self._fields(), other._fields())))
 
     def _fields(self):
         return (self.top_ids, self.top_logits, self.lse, self.target_logp, self.tail_logp)
 
-    def slice(self, a: int, b: int) -> "CompactLogits":
+    def slice(self, a: int, b: int) -> CompactLogits:
         return CompactLogits(*(x[a:b] for x in self._fields()))
 
     def to_numpy(self) -> dict[str, np.ndarray]:
-        return {"top_ids": self.top_ids.numpy().astype(np.int32),
-                "top_logits": self.top_logits.numpy().astype(np.float32),
-                "lse": self.lse.numpy().astype(np.float64),
-                "target_logp": self.target_logp.numpy().astype(np.float64),
-                "tail_logp": self.tail_logp.numpy().astype(np.float64)}
+        return {
+            "top_ids": self.top_ids.numpy().astype(np.int32),
+            "top_logits": self.top_logits.numpy().astype(np.float32),
+            "lse": self.lse.numpy().astype(np.float64),
+            "target_logp": self.target_logp.numpy().astype(np.float64),
+            "tail_logp": self.tail_logp.numpy().astype(np.float64),
+        }
 
     @classmethod
-    def from_numpy(cls, d) -> "CompactLogits":
-        return cls(torch.from_numpy(np.asarray(d["top_ids"], dtype=np.int32)),
-                   torch.from_numpy(np.asarray(d["top_logits"], dtype=np.float32)),
-                   torch.from_numpy(np.asarray(d["lse"])).double(),
-                   torch.from_numpy(np.asarray(d["target_logp"])).double(),
-                   torch.from_numpy(np.asarray(d["tail_logp"])).double())
-
+    def from_numpy(cls, d) -> CompactLogits:
+        return cls(
+            torch.from_numpy(np.asarray(d["top_ids"], dtype=np.int32)),
+            torch.from_numpy(np.asarray(d["top_logits"], dtype=np.float32)),
+            torch.from_numpy(np.asarray(d["lse"])).double(),
+            torch.from_numpy(np.asarray(d["target_logp"])).double(),
+            torch.from_numpy(np.asarray(d["tail_logp"])).double(),
+        )
 
 
 def _lse(z: torch.Tensor) -> torch.Tensor:
@@ -165,7 +170,7 @@ def _kl_compact_prepped(ref: CompactLogits, z: torch.Tensor, lse_q: torch.Tensor
     """KL_c, delta from float32 logits z (excluded token at -inf) and their float64 lse."""
     tiny = 1e-300
     ids = ref.top_ids.long()
-    lp_top = ref.top_logp()                                          # [n, k] float64
+    lp_top = ref.top_logp()  # [n, k] float64
     p_top = lp_top.exp()
     lq_top = z.gather(-1, ids).double() - lse_q[:, None]
     head = (p_top * (lp_top - lq_top)).sum(-1)
@@ -180,14 +185,19 @@ def _kl_compact_prepped(ref: CompactLogits, z: torch.Tensor, lse_q: torch.Tensor
     n_tail = torch.isfinite(z).sum(-1) - ref.k
     m = torch.minimum(torch.floor(eps / p_k).long(), n_tail.clamp_min(0))
     r = (eps - m.double() * p_k).clamp_min(0.0)
-    need = int(min(int(m.max().item()) + 1 if m.numel() else 1, max(int(n_tail.max().item()) if m.numel() else 1, 1),
-                   TAIL_TOPK_MAX))
+    need = int(
+        min(
+            int(m.max().item()) + 1 if m.numel() else 1,
+            max(int(n_tail.max().item()) if m.numel() else 1, 1),
+            TAIL_TOPK_MAX,
+        )
+    )
     zt = z.scatter(-1, ids, torch.inf)
-    zt[~torch.isfinite(z)] = torch.inf                               # excluded token: P = 0, not a tail slot
-    small = torch.topk(zt, need, dim=-1, largest=False).values.double() - lse_q[:, None]   # ascending
+    zt[~torch.isfinite(z)] = torch.inf  # excluded token: P = 0, not a tail slot
+    small = torch.topk(zt, need, dim=-1, largest=False).values.double() - lse_q[:, None]  # ascending
     small = torch.where(torch.isfinite(small), small, torch.zeros_like(small))
     # j >= need: use the need-th smallest (<= the true value, so the bound stays valid)
-    csum = torch.cat([torch.zeros_like(small[:, :1]), small.cumsum(-1)], dim=-1)          # csum[j] = sum_{<j}
+    csum = torch.cat([torch.zeros_like(small[:, :1]), small.cumsum(-1)], dim=-1)  # csum[j] = sum_{<j}
     m_in = m.clamp(max=need)
     sum_m = csum.gather(-1, m_in[:, None])[:, 0] + (m - m_in).double() * small[:, -1]
     full = m.double() * p_k * torch.log(p_k) - p_k * sum_m
@@ -206,14 +216,16 @@ def kl_compact(ref: CompactLogits, q_logits: torch.Tensor, exclude: int | None =
 
 # ---- per-position metrics and summaries -------------------------------------------------
 
-def position_metrics(ref: CompactLogits, q_logits: torch.Tensor, targets: torch.Tensor,
-                     exclude: int | None = None) -> dict[str, np.ndarray]:
+
+def position_metrics(
+    ref: CompactLogits, q_logits: torch.Tensor, targets: torch.Tensor, exclude: int | None = None
+) -> dict[str, np.ndarray]:
     """Per scored position: ref/q NLL (bits), KL_c and its bound delta (nats), same-top-1, dp."""
     z = _prep(q_logits, exclude)
     lse_q = _lse(z)
     q_tl = z.gather(-1, targets.long()[:, None])[:, 0].double() - lse_q
     kl_c, delta = _kl_compact_prepped(ref, z, lse_q)
-    same = (z.argmax(-1) == ref.argmax())
+    same = z.argmax(-1) == ref.argmax()
     return {
         "ref_nll_bits": (-ref.target_logp / LN2).numpy(),
         "q_nll_bits": (-q_tl / LN2).numpy(),
@@ -236,7 +248,9 @@ def summarize(pm: dict[str, np.ndarray], idx: np.ndarray | None = None) -> dict:
     kl, n = sel(pm["kl"]), int(sel(pm["kl"]).size)
     if n == 0:
         return {"n": 0}
-    ref_nll, q_nll, same, dp, bound = (sel(pm[k]) for k in ("ref_nll_bits", "q_nll_bits", "same_top1", "dp", "kl_bound"))
+    ref_nll, q_nll, same, dp, bound = (
+        sel(pm[k]) for k in ("ref_nll_bits", "q_nll_bits", "same_top1", "dp", "kl_bound")
+    )
     return {
         "n": n,
         "ref_nll_bits": float(ref_nll.mean()),
@@ -248,10 +262,10 @@ def summarize(pm: dict[str, np.ndarray], idx: np.ndarray | None = None) -> dict:
         "kl_p99": percentile(kl, 99),
         "kl_p999": percentile(kl, 99.9),
         "kl_max": float(kl.max()),
-        "kl_mean_bound": float(bound.mean()),     # mean KL ∈ [kl_mean, kl_mean + kl_mean_bound]
+        "kl_mean_bound": float(bound.mean()),  # mean KL ∈ [kl_mean, kl_mean + kl_mean_bound]
         "kl_max_bound": float(bound.max()),
         "same_top1": float(same.mean()),
-        "rms_dp": float(math.sqrt((dp ** 2).mean())),
+        "rms_dp": float(math.sqrt((dp**2).mean())),
     }
 
 
@@ -261,6 +275,7 @@ def summarize_identical() -> dict:
 
 
 # ---- generation agreement -----------------------------------------------------------------
+
 
 def common_prefix(a, b) -> int:
     n = 0
@@ -290,9 +305,13 @@ def agreement(ref_tokens: list[list[int]], q_tokens: list[list[int]]) -> dict:
         frac.append(p / len(a) if len(a) else 1.0)
         same += sum(int(x == y) for x, y in zip(a, b))
         tot += max(len(a), len(b))
-    return {"n": len(ref_tokens), "exact_match": ex / len(ref_tokens),
-            "mean_common_prefix": float(np.mean(pre)), "mean_common_prefix_frac": float(np.mean(frac)),
-            "token_match": same / tot if tot else 1.0}
+    return {
+        "n": len(ref_tokens),
+        "exact_match": ex / len(ref_tokens),
+        "mean_common_prefix": float(np.mean(pre)),
+        "mean_common_prefix_frac": float(np.mean(frac)),
+        "token_match": same / tot if tot else 1.0,
+    }
 
 
 def spread(values) -> dict:
@@ -300,6 +319,13 @@ def spread(values) -> dict:
     v = np.asarray(list(values), dtype=np.float64)
     if v.size == 0:
         return {"n": 0}
-    return {"n": int(v.size), "median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
-            "p90": float(np.percentile(v, 90)), "mean": float(v.mean()), "min": float(v.min()),
-            "max": float(v.max()), "values": [float(x) for x in v]}
+    return {
+        "n": int(v.size),
+        "median": float(np.median(v)),
+        "p10": float(np.percentile(v, 10)),
+        "p90": float(np.percentile(v, 90)),
+        "mean": float(v.mean()),
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "values": [float(x) for x in v],
+    }

@@ -24,12 +24,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..util import EVALDATA, default_threads
 from . import backends as bk
-from .corpus import (DEFAULT_RATIOS, DEFAULT_SEED, Document, SampleSet, build_samples, history_bin,
-                     identifier_predicate, load_corpus, probe_bin)
+from .corpus import (
+    DEFAULT_RATIOS,
+    DEFAULT_SEED,
+    Document,
+    SampleSet,
+    build_samples,
+    history_bin,
+    identifier_predicate,
+    load_corpus,
+    probe_bin,
+)
 from .metrics import CompactLogits, agreement, compact, kl_full, position_metrics, summarize
 from .sysinfo import environment, gguf_file_info
-from ..util import EVALDATA, default_threads
 
 DEFAULT_PROMPTS = EVALDATA / "prompts" / "clover-tiny-code.jsonl"
 DEFAULT_TOP_K = "auto"
@@ -46,7 +55,7 @@ CALIB_MAX = 1024  # positions of window 0 whose full reference logits are kept (
 
 
 AUTO_K_LADDER = (256, 512, 1024, 2048, 4096, 8192)
-AUTO_K_TAIL = 1e-3   # "auto": the smallest k of the ladder whose mean tail mass on window 0 is <= this
+AUTO_K_TAIL = 1e-3  # "auto": the smallest k of the ladder whose mean tail mass on window 0 is <= this
 
 
 def choose_k(logits: torch.Tensor, targets: torch.Tensor, exclude: int | None) -> int:
@@ -72,8 +81,10 @@ def reference_logits(provider, samples: SampleSet, k, exclude: int | None, log=p
         lg = provider.window_logits(samples.clean(w), samples.noisy(w), sel)
         if k == "auto":
             k = choose_k(lg, samples.targets(w), exclude)
-            log(f"  compact reference logits: top-{k} (smallest of {list(AUTO_K_LADDER)} with a mean tail mass "
-                f"<= {AUTO_K_TAIL:g} on window 0, the whole vocabulary if smaller, else the largest)")
+            log(
+                f"  compact reference logits: top-{k} (smallest of {list(AUTO_K_LADDER)} with a mean tail mass "
+                f"<= {AUTO_K_TAIL:g} on window 0, the whole vocabulary if smaller, else the largest)"
+            )
         c = compact(lg, samples.targets(w), int(k), exclude)
         if w == 0:
             cidx = torch.linspace(0, lg.shape[0] - 1, min(CALIB_MAX, lg.shape[0])).round().long().unique()
@@ -99,8 +110,10 @@ def load_compact(path: Path):
 
 # ---- scoring ----------------------------------------------------------------------------
 
-def score(provider, samples: SampleSet, ref: CompactLogits, exclude: int | None, log=print, calib=None,
-          cidx=None) -> tuple[dict[str, np.ndarray], dict]:
+
+def score(
+    provider, samples: SampleSet, ref: CompactLogits, exclude: int | None, log=print, calib=None, cidx=None
+) -> tuple[dict[str, np.ndarray], dict]:
     """Per-position metrics of one provider against the compact reference, and the
     calibration: on the positions whose full reference logits were kept, the exact KL next
     to the compact-form KL_c and its bound."""
@@ -115,10 +128,15 @@ def score(provider, samples: SampleSet, ref: CompactLogits, exclude: int | None,
         if w == 0 and calib is not None:
             full = kl_full(calib, lg[cidx], exclude).numpy()
             kc, bd = pm["kl"][cidx.numpy()], pm["kl_bound"][cidx.numpy()]
-            cal = {"n": int(full.size), "kl_mean_full": float(full.mean()), "kl_mean_compact": float(kc.mean()),
-                   "kl_mean_bound": float(bd.mean()), "max_abs_error": float(np.abs(full - kc).max()),
-                   "mean_abs_error": float(np.abs(full - kc).mean()),
-                   "bracket_holds": bool(np.all(kc <= full + 1e-6) and np.all(full <= kc + bd + 1e-6))}
+            cal = {
+                "n": int(full.size),
+                "kl_mean_full": float(full.mean()),
+                "kl_mean_compact": float(kc.mean()),
+                "kl_mean_bound": float(bd.mean()),
+                "max_abs_error": float(np.abs(full - kc).max()),
+                "mean_abs_error": float(np.abs(full - kc).mean()),
+                "bracket_holds": bool(np.all(kc <= full + 1e-6) and np.all(full <= kc + bd + 1e-6)),
+            }
         start += n
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, cal
 
@@ -142,6 +160,7 @@ def summaries(pm: dict[str, np.ndarray], samples: SampleSet) -> dict:
 
 # ---- generation -------------------------------------------------------------------------
 
+
 def load_prompts(path, tokenizer=None, limit: int | None = None) -> list[dict]:
     """JSONL: {"id", "text"} (needs the tokenizer) or {"id", "ids": [...]} per line."""
     out = []
@@ -161,13 +180,17 @@ def load_prompts(path, tokenizer=None, limit: int | None = None) -> list[dict]:
 
 def schedules(block_size: int, steps: int | None = None, threshold: float = 0.9) -> dict[str, dict]:
     s = steps if steps is not None else max(1, block_size // 2)
-    return {f"steps={s}": {"steps": s, "threshold": None}, f"threshold={threshold:g}": {"steps": None, "threshold": threshold}}
+    return {
+        f"steps={s}": {"steps": s, "threshold": None},
+        f"threshold={threshold:g}": {"steps": None, "threshold": threshold},
+    }
 
 
 def run_generation(gen_fn, prompts, cfg_base: dict, scheds: dict) -> dict:
     """gen_fn(prompt_ids, GenerationConfig) -> GenerationResult, for each prompt and schedule:
     {schedule: {"tokens": [[...]], "steps_per_block", "tokens_per_step", "seconds"}}"""
     from ..reference.generate import GenerationConfig
+
     res = {}
     for name, s in scheds.items():
         toks, steps, nblk, ntok, t0 = [], 0, 0, 0, time.perf_counter()
@@ -178,16 +201,22 @@ def run_generation(gen_fn, prompts, cfg_base: dict, scheds: dict) -> dict:
             steps += sum(b.steps for b in g.blocks)
             nblk += len(g.blocks)
             ntok += sum(b.n_tokens for b in g.blocks)
-        res[name] = {"tokens": toks, "steps_per_block": steps / max(nblk, 1),
-                     "tokens_per_step": ntok / max(steps, 1), "seconds": time.perf_counter() - t0}
+        res[name] = {
+            "tokens": toks,
+            "steps_per_block": steps / max(nblk, 1),
+            "tokens_per_step": ntok / max(steps, 1),
+            "seconds": time.perf_counter() - t0,
+        }
     return res
 
 
 # ---- the command ------------------------------------------------------------------------
 
+
 def _gen_backend_torch(model):
     """The Python generation loop (generate.generate) on the PyTorch model."""
     from ..reference.generate import TorchBackend, generate
+
     return lambda prompt, cfg: generate(TorchBackend(model), prompt, cfg)
 
 
@@ -196,13 +225,32 @@ def _gen_backend_runtime(rt):
     return lambda prompt, cfg: rt.generate(prompt, cfg)
 
 
-def run_quality(reference, ggufs, corpus=None, backend: str = "auto", out_dir=None, *,
-                docs: list[Document] | None = None, n_windows: int = 6, n_blocks: int = 64,
-                block_size: int | None = None, ratios=DEFAULT_RATIOS, seed: int = DEFAULT_SEED,
-                top_k=DEFAULT_TOP_K, prompts=None, max_new_tokens: int = 64, gen_steps: int | None = None,
-                gen_threshold: float = 0.9, n_prompts: int | None = None, threads: int | None = None,
-                runtime_threads: int | None = None, generation_providers=None,
-                generation: bool = True, names: list[str] | None = None, log=print) -> dict:
+def run_quality(
+    reference,
+    ggufs,
+    corpus=None,
+    backend: str = "auto",
+    out_dir=None,
+    *,
+    docs: list[Document] | None = None,
+    n_windows: int = 6,
+    n_blocks: int = 64,
+    block_size: int | None = None,
+    ratios=DEFAULT_RATIOS,
+    seed: int = DEFAULT_SEED,
+    top_k=DEFAULT_TOP_K,
+    prompts=None,
+    max_new_tokens: int = 64,
+    gen_steps: int | None = None,
+    gen_threshold: float = 0.9,
+    n_prompts: int | None = None,
+    threads: int | None = None,
+    runtime_threads: int | None = None,
+    generation_providers=None,
+    generation: bool = True,
+    names: list[str] | None = None,
+    log=print,
+) -> dict:
     """Compare GGUFs with the reference; returns the run dict and writes ``quality.json`` and
     ``reference-logits.npz`` under ``out_dir`` (when given). See the module docstring."""
     t_start = time.perf_counter()
@@ -234,11 +282,15 @@ def run_quality(reference, ggufs, corpus=None, backend: str = "auto", out_dir=No
         if backend in ("runtime",):
             raise QualityError(f"the llama.cpp runtime is not available: {rt_why}")
         provs.remove("runtime")
-        notes.append(f"runtime not available ({rt_why}): quality comes from the PyTorch reference on "
-                     "dequantized GGUF weights only")
+        notes.append(
+            f"runtime not available ({rt_why}): quality comes from the PyTorch reference on "
+            "dequantized GGUF weights only"
+        )
     elif "runtime" not in provs:
-        notes.append("quality comes from the PyTorch reference on dequantized GGUF weights "
-                     "(the llama.cpp kernels are not exercised)")
+        notes.append(
+            "quality comes from the PyTorch reference on dequantized GGUF weights "
+            "(the llama.cpp kernels are not exercised)"
+        )
 
     # reference model, tokenizer, corpus, samples
     log(f"loading reference {reference}")
@@ -248,22 +300,42 @@ def run_quality(reference, ggufs, corpus=None, backend: str = "auto", out_dir=No
     tokenizer = None
     if (reference / "tokenizer.json").is_file():
         from ..tokenizer import CloverTokenizer
+
         tokenizer = CloverTokenizer.from_dir(reference)
     if docs is None:
         docs, cinfo = load_corpus(corpus, tokenizer)
     else:
-        cinfo = {"corpus": "documents given by the caller (token ids)", "documents": len(docs),
-                 "tokens": int(sum(len(d.tokens) for d in docs))}
-    samples = build_samples(docs, B, n_windows, n_blocks, ratios, seed, cfg.mask_token_id,
-                            identifier_predicate(tokenizer) if tokenizer else None, cinfo)
-    log(f"samples: {len(samples.windows)} windows x <= {n_blocks} blocks of {B}, ratios {list(samples.ratios)}, "
-        f"{samples.n_positions} scored positions")
+        cinfo = {
+            "corpus": "documents given by the caller (token ids)",
+            "documents": len(docs),
+            "tokens": int(sum(len(d.tokens) for d in docs)),
+        }
+    samples = build_samples(
+        docs,
+        B,
+        n_windows,
+        n_blocks,
+        ratios,
+        seed,
+        cfg.mask_token_id,
+        identifier_predicate(tokenizer) if tokenizer else None,
+        cinfo,
+    )
+    log(
+        f"samples: {len(samples.windows)} windows x <= {n_blocks} blocks of {B}, ratios {list(samples.ratios)}, "
+        f"{samples.n_positions} scored positions"
+    )
     exclude = cfg.mask_token_id
 
     # reference compact logits (cached under out_dir)
     ref_hash = bk.model_dir_hash(reference)
-    cmeta = {"reference": str(reference), "reference_sha256": ref_hash, "samples": samples.fingerprint(),
-             "top_k": top_k, "exclude_token": exclude}
+    cmeta = {
+        "reference": str(reference),
+        "reference_sha256": ref_hash,
+        "samples": samples.fingerprint(),
+        "top_k": top_k,
+        "exclude_token": exclude,
+    }
     cpath = out_dir / "reference-logits.npz" if out_dir else None
     ref_c, calib, cidx = None, None, None
     if cpath and cpath.is_file():
@@ -285,8 +357,13 @@ def run_quality(reference, ggufs, corpus=None, backend: str = "auto", out_dir=No
     ref_nll = float((-ref_c.target_logp.numpy() / np.log(2)).mean())
 
     # reference generation
-    gen_cfg = {"max_new_tokens": max_new_tokens, "block_size": B, "mask_token_id": cfg.mask_token_id,
-               "eos_token_id": cfg.eos_token_id, "temperature": 0.0}
+    gen_cfg = {
+        "max_new_tokens": max_new_tokens,
+        "block_size": B,
+        "mask_token_id": cfg.mask_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "temperature": 0.0,
+    }
     scheds = schedules(B, gen_steps, gen_threshold)
     plist, ref_gen = [], None
     if generation:
@@ -322,39 +399,74 @@ def run_quality(reference, ggufs, corpus=None, backend: str = "auto", out_dir=No
                 res["generation"] = {}
                 for s in scheds:
                     a = agreement(ref_gen[s]["tokens"], qg[s]["tokens"])
-                    res["generation"][s] = {**a, "steps_per_block": qg[s]["steps_per_block"],
-                                            "ref_steps_per_block": ref_gen[s]["steps_per_block"],
-                                            "tokens_per_step": qg[s]["tokens_per_step"]}
+                    res["generation"][s] = {
+                        **a,
+                        "steps_per_block": qg[s]["steps_per_block"],
+                        "ref_steps_per_block": ref_gen[s]["steps_per_block"],
+                        "tokens_per_step": qg[s]["tokens_per_step"],
+                    }
                 res["seconds"]["generation"] = time.perf_counter() - t1
             o = res["overall"]
-            log(f"  KL mean {o['kl_mean']:.5f} (+<= {o['kl_mean_bound']:.1e})  p99 {o['kl_p99']:.4f}  "
-                f"same-top1 {o['same_top1']:.4f}  NLL {o['q_nll_bits']:.4f} vs ref {o['ref_nll_bits']:.4f} bits")
+            log(
+                f"  KL mean {o['kl_mean']:.5f} (+<= {o['kl_mean_bound']:.1e})  p99 {o['kl_p99']:.4f}  "
+                f"same-top1 {o['same_top1']:.4f}  NLL {o['q_nll_bits']:.4f} vs ref {o['ref_nll_bits']:.4f} bits"
+            )
             entry["providers"][prov] = res
             del p
         models.append(entry)
 
     run = {
-        "schema": SCHEMA, "kind": "quality",
-        "config": {"reference": str(reference), "reference_sha256": ref_hash, "ggufs": [str(g) for g in ggufs],
-                   "providers": provs, "backend_option": backend, "block_size": B, "top_k": top_k,
-                   "threads": threads or torch.get_num_threads(), "runtime_threads": runtime_threads or threads,
-                   "generation_providers": list(generation_providers) if generation_providers else provs,
-                   "n_windows": n_windows, "n_blocks": n_blocks, "ratios": list(samples.ratios), "seed": seed,
-                   "generation": {**gen_cfg, "schedules": scheds, "prompts": str(prompts or DEFAULT_PROMPTS)
-                                  if generation else None, "n_prompts": len(plist)},
-                   "kl_units": "nats", "nll_units": "bits/token",
-                   "mask_token_excluded": True, "environment": environment(threads or torch.get_num_threads())},
+        "schema": SCHEMA,
+        "kind": "quality",
+        "config": {
+            "reference": str(reference),
+            "reference_sha256": ref_hash,
+            "ggufs": [str(g) for g in ggufs],
+            "providers": provs,
+            "backend_option": backend,
+            "block_size": B,
+            "top_k": top_k,
+            "threads": threads or torch.get_num_threads(),
+            "runtime_threads": runtime_threads or threads,
+            "generation_providers": list(generation_providers) if generation_providers else provs,
+            "n_windows": n_windows,
+            "n_blocks": n_blocks,
+            "ratios": list(samples.ratios),
+            "seed": seed,
+            "generation": {
+                **gen_cfg,
+                "schedules": scheds,
+                "prompts": str(prompts or DEFAULT_PROMPTS) if generation else None,
+                "n_prompts": len(plist),
+            },
+            "kl_units": "nats",
+            "nll_units": "bits/token",
+            "mask_token_excluded": True,
+            "environment": environment(threads or torch.get_num_threads()),
+        },
         "samples": samples.describe(),
-        "reference": {"provider": "reference-bf16 (PyTorch, float32 compute on the BF16 checkpoint weights)",
-                      "nll_bits": ref_nll, "load_seconds": t_load, "score_seconds": t_ref,
-                      "compact": {"top_k": int(ref_c.k), "tail_mass_mean": float(tail.mean()),
-                                  "tail_mass_p99": float(np.percentile(tail, 99)), "tail_mass_max": float(tail.max()),
-                                  "file": "reference-logits.npz" if cpath else None,
-                                  "bound": "KL_c <= KL <= KL_c + delta per position (metrics.py)"},
-                      "generation": {s: {"steps_per_block": v["steps_per_block"], "tokens_per_step": v["tokens_per_step"]}
-                                     for s, v in (ref_gen or {}).items()}},
+        "reference": {
+            "provider": "reference-bf16 (PyTorch, float32 compute on the BF16 checkpoint weights)",
+            "nll_bits": ref_nll,
+            "load_seconds": t_load,
+            "score_seconds": t_ref,
+            "compact": {
+                "top_k": int(ref_c.k),
+                "tail_mass_mean": float(tail.mean()),
+                "tail_mass_p99": float(np.percentile(tail, 99)),
+                "tail_mass_max": float(tail.max()),
+                "file": "reference-logits.npz" if cpath else None,
+                "bound": "KL_c <= KL <= KL_c + delta per position (metrics.py)",
+            },
+            "generation": {
+                s: {"steps_per_block": v["steps_per_block"], "tokens_per_step": v["tokens_per_step"]}
+                for s, v in (ref_gen or {}).items()
+            },
+        },
         "runtime": {"available": rt_ok, "detail": rt_why},
-        "models": models, "notes": notes, "seconds": time.perf_counter() - t_start,
+        "models": models,
+        "notes": notes,
+        "seconds": time.perf_counter() - t_start,
     }
     if out_dir:
         (out_dir / "quality.json").write_text(json.dumps(run, indent=1) + "\n")

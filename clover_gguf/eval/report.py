@@ -43,12 +43,15 @@ def _spread(s, scale=1.0, nd=2):
 
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
 # ---- quality ------------------------------------------------------------------------------
+
 
 def _rows_quality(q):
     rows = []
@@ -62,21 +65,40 @@ def quality_markdown(q: dict, plots: dict) -> str:
     c, s, ref = q["config"], q["samples"], q["reference"]
     L = ["## Quality against the BF16 reference", ""]
     provs = ", ".join(c["providers"])
-    L.append(f"Reference: `{c['reference']}` (PyTorch, float32 compute on the BF16 weights), "
-             f"NLL {ref['nll_bits']:.4f} bits/token. Quantized models run through: **{provs}** "
-             f"({'reference-dequant = the PyTorch reference on the GGUF weights dequantized with gguf-py; ' if 'reference-dequant' in provs else ''}"
-             f"{'runtime = the patched llama.cpp' if 'runtime' in provs else 'the llama.cpp runtime was not used'}).")
+    L.append(
+        f"Reference: `{c['reference']}` (PyTorch, float32 compute on the BF16 weights), "
+        f"NLL {ref['nll_bits']:.4f} bits/token. Quantized models run through: **{provs}** "
+        f"({'reference-dequant = the PyTorch reference on the GGUF weights dequantized with gguf-py; ' if 'reference-dequant' in provs else ''}"
+        f"{'runtime = the patched llama.cpp' if 'runtime' in provs else 'the llama.cpp runtime was not used'})."
+    )
     for n in q.get("notes", []):
         L.append(f"\n> {n}")
     corpus = s.get("corpus", "")
-    L += ["", f"Samples: {corpus}; {s.get('documents', '?')} documents, {s.get('tokens', '?')} tokens; "
-          f"{s['n_windows']} windows of up to {max(s['blocks_per_window'] or [0])} blocks of {s['block_size']} tokens "
-          f"(random block-aligned offsets, seed {s['seed']}), every block scored at mask ratios "
-          f"{', '.join(f'{r:g}' for r in s['ratios'])} with the clean earlier blocks of its window as committed "
-          f"history: {s['scored_positions']} scored positions. KL in nats (reference ‖ quantized), NLL in bits/token, "
-          f"mask token excluded from both distributions.", ""]
-    head = ["file", "MiB", "bpw", "provider", "NLL ref", "NLL q", "ΔNLL", "KL mean", "KL p99", "KL p99.9", "KL max",
-            "same top-1 %", "RMS Δp %"]
+    L += [
+        "",
+        f"Samples: {corpus}; {s.get('documents', '?')} documents, {s.get('tokens', '?')} tokens; "
+        f"{s['n_windows']} windows of up to {max(s['blocks_per_window'] or [0])} blocks of {s['block_size']} tokens "
+        f"(random block-aligned offsets, seed {s['seed']}), every block scored at mask ratios "
+        f"{', '.join(f'{r:g}' for r in s['ratios'])} with the clean earlier blocks of its window as committed "
+        f"history: {s['scored_positions']} scored positions. KL in nats (reference ‖ quantized), NLL in bits/token, "
+        f"mask token excluded from both distributions.",
+        "",
+    ]
+    head = [
+        "file",
+        "MiB",
+        "bpw",
+        "provider",
+        "NLL ref",
+        "NLL q",
+        "ΔNLL",
+        "KL mean",
+        "KL p99",
+        "KL p99.9",
+        "KL max",
+        "same top-1 %",
+        "RMS Δp %",
+    ]
     gens = list(c.get("generation", {}).get("schedules", {}) or {})
     for g in gens:
         head += [f"gen exact % ({g})", f"gen prefix ({g})"]
@@ -85,9 +107,21 @@ def quality_markdown(q: dict, plots: dict) -> str:
     rows = []
     for m, prov, r in _rows_quality(q):
         o = r["overall"]
-        row = [m["name"], f"{m['bytes'] / MiB:.2f}", f"{m['bpw']:.2f}", prov, _f(o["ref_nll_bits"]), _f(o["q_nll_bits"]),
-               f"{o['delta_nll_bits']:+.4f}", f"{_f(o['kl_mean'], 5)} ± {_f(o['kl_mean_se'], 5)}", _f(o["kl_p99"]),
-               _f(o["kl_p999"]), _f(o["kl_max"]), _f(o["same_top1"], 4, pct=True), _f(o["rms_dp"], 4, pct=True)]
+        row = [
+            m["name"],
+            f"{m['bytes'] / MiB:.2f}",
+            f"{m['bpw']:.2f}",
+            prov,
+            _f(o["ref_nll_bits"]),
+            _f(o["q_nll_bits"]),
+            f"{o['delta_nll_bits']:+.4f}",
+            f"{_f(o['kl_mean'], 5)} ± {_f(o['kl_mean_se'], 5)}",
+            _f(o["kl_p99"]),
+            _f(o["kl_p999"]),
+            _f(o["kl_max"]),
+            _f(o["same_top1"], 4, pct=True),
+            _f(o["rms_dp"], 4, pct=True),
+        ]
         gen = r.get("generation", {})
         for g in gens:
             a = gen.get(g, {})
@@ -99,46 +133,102 @@ def quality_markdown(q: dict, plots: dict) -> str:
     L += [_table(head, rows), ""]
     cm = ref.get("compact", {})
     if cm.get("tail_mass_max") == 0.0:
-        L.append(f"Reference logits: the whole vocabulary is kept (top-{cm.get('top_k')}: every token but the "
-                 "mask), so the KL figures are exact (the bound below is 0).")
-    L.append(f"Reference logits are stored compactly (top-{cm.get('top_k')} logits + log-sum-exp + true-token "
-             f"log-prob per position). KL is computed with the tail beyond the top-k lumped into one outcome, a lower "
-             f"bound; the true mean KL lies in [KL mean, KL mean + bound] with the bound below (reference tail mass: "
-             f"mean {_f(cm.get('tail_mass_mean'), 5)}, p99 {_f(cm.get('tail_mass_p99'), 5)}).")
-    L.append("Calibration: on up to 1024 positions of the first window the full reference logits are kept, so the "
-             "exact KL can be set next to the compact-form value and its bound.")
-    L += ["", _table(["file", "provider", "mean-KL upper bound (+nats)", "max per-position bound", "calib n",
-                      "calib KL exact", "calib KL compact", "calib max abs error", "bracket holds"],
-                     [[m["name"], prov, _f(r["overall"]["kl_mean_bound"], 6), _f(r["overall"]["kl_max_bound"], 6),
-                       r.get("calibration", {}).get("n", "–"), _f(r.get("calibration", {}).get("kl_mean_full"), 6),
-                       _f(r.get("calibration", {}).get("kl_mean_compact"), 6),
-                       _f(r.get("calibration", {}).get("max_abs_error"), 6),
-                       r.get("calibration", {}).get("bracket_holds", "–")]
-                      for m, prov, r in _rows_quality(q)]), ""]
+        L.append(
+            f"Reference logits: the whole vocabulary is kept (top-{cm.get('top_k')}: every token but the "
+            "mask), so the KL figures are exact (the bound below is 0)."
+        )
+    L.append(
+        f"Reference logits are stored compactly (top-{cm.get('top_k')} logits + log-sum-exp + true-token "
+        f"log-prob per position). KL is computed with the tail beyond the top-k lumped into one outcome, a lower "
+        f"bound; the true mean KL lies in [KL mean, KL mean + bound] with the bound below (reference tail mass: "
+        f"mean {_f(cm.get('tail_mass_mean'), 5)}, p99 {_f(cm.get('tail_mass_p99'), 5)})."
+    )
+    L.append(
+        "Calibration: on up to 1024 positions of the first window the full reference logits are kept, so the "
+        "exact KL can be set next to the compact-form value and its bound."
+    )
+    L += [
+        "",
+        _table(
+            [
+                "file",
+                "provider",
+                "mean-KL upper bound (+nats)",
+                "max per-position bound",
+                "calib n",
+                "calib KL exact",
+                "calib KL compact",
+                "calib max abs error",
+                "bracket holds",
+            ],
+            [
+                [
+                    m["name"],
+                    prov,
+                    _f(r["overall"]["kl_mean_bound"], 6),
+                    _f(r["overall"]["kl_max_bound"], 6),
+                    r.get("calibration", {}).get("n", "–"),
+                    _f(r.get("calibration", {}).get("kl_mean_full"), 6),
+                    _f(r.get("calibration", {}).get("kl_mean_compact"), 6),
+                    _f(r.get("calibration", {}).get("max_abs_error"), 6),
+                    r.get("calibration", {}).get("bracket_holds", "–"),
+                ]
+                for m, prov, r in _rows_quality(q)
+            ],
+        ),
+        "",
+    ]
     if "pareto" in plots:
         L += [f"![size vs KL]({plots['pareto']})", ""]
     # by ratio
     ratios = [f"{r:g}" for r in c["ratios"]]
-    L += ["### KL mean by mask ratio", "",
-          _table(["file", "provider"] + [f"ρ={r}" for r in ratios] + [f"same top-1 % ρ={r}" for r in ratios],
-                 [[m["name"], prov] + [_f(r["by_ratio"][x]["kl_mean"], 5) for x in ratios]
-                  + [_f(r["by_ratio"][x]["same_top1"], 3, pct=True) for x in ratios] for m, prov, r in _rows_quality(q)]), ""]
+    L += [
+        "### KL mean by mask ratio",
+        "",
+        _table(
+            ["file", "provider"] + [f"ρ={r}" for r in ratios] + [f"same top-1 % ρ={r}" for r in ratios],
+            [
+                [m["name"], prov]
+                + [_f(r["by_ratio"][x]["kl_mean"], 5) for x in ratios]
+                + [_f(r["by_ratio"][x]["same_top1"], 3, pct=True) for x in ratios]
+                for m, prov, r in _rows_quality(q)
+            ],
+        ),
+        "",
+    ]
     # drift
     bins = []
     for _, _, r in _rows_quality(q):
         for b in r["by_history"]:
             if b not in bins:
                 bins.append(b)
-    L += ["### Long-history drift: by committed history (blocks before the scored block)", "",
-          _table(["file", "provider", "metric"] + bins,
-                 [[m["name"], prov, "KL mean"] + [_f(r["by_history"].get(b, {}).get("kl_mean"), 5) for b in bins]
-                  for m, prov, r in _rows_quality(q)]
-                 + [[m["name"], prov, "same top-1 %"] + [_f(r["by_history"].get(b, {}).get("same_top1"), 3, pct=True)
-                                                         for b in bins] for m, prov, r in _rows_quality(q)]
-                 + [[m["name"], prov, "ΔNLL bits"] + [f"{r['by_history'].get(b, {}).get('delta_nll_bits', float('nan')):+.4f}"
-                                                      for b in bins] for m, prov, r in _rows_quality(q)]),
-          "", "Positions per bin: " + ", ".join(f"{b}: {q['models'][0]['providers'][c['providers'][0]]['by_history'][b]['n']}"
-                                                for b in bins) if q["models"] else "", ""]
+    L += [
+        "### Long-history drift: by committed history (blocks before the scored block)",
+        "",
+        _table(
+            ["file", "provider", "metric"] + bins,
+            [
+                [m["name"], prov, "KL mean"] + [_f(r["by_history"].get(b, {}).get("kl_mean"), 5) for b in bins]
+                for m, prov, r in _rows_quality(q)
+            ]
+            + [
+                [m["name"], prov, "same top-1 %"]
+                + [_f(r["by_history"].get(b, {}).get("same_top1"), 3, pct=True) for b in bins]
+                for m, prov, r in _rows_quality(q)
+            ]
+            + [
+                [m["name"], prov, "ΔNLL bits"]
+                + [f"{r['by_history'].get(b, {}).get('delta_nll_bits', float('nan')):+.4f}" for b in bins]
+                for m, prov, r in _rows_quality(q)
+            ],
+        ),
+        "",
+        "Positions per bin: "
+        + ", ".join(f"{b}: {q['models'][0]['providers'][c['providers'][0]]['by_history'][b]['n']}" for b in bins)
+        if q["models"]
+        else "",
+        "",
+    ]
     if "drift" in plots:
         L += [f"![drift]({plots['drift']})", ""]
     pbins = []
@@ -148,14 +238,26 @@ def quality_markdown(q: dict, plots: dict) -> str:
                 pbins.append(b)
     if pbins:
         pr = s.get("probes", {})
-        L += ["### Recall probes: identifiers last seen far back", "",
-              f"Rule: {pr.get('rule', '')}. Columns: distance in tokens (n positions).", "",
-              _table(["file", "provider", "metric"] + [f"{b} (n={q['models'][0]['providers'][c['providers'][0]]['probes'][b].get('n', 0)})"
-                                                       for b in pbins],
-                     [[m["name"], prov, "KL mean"] + [_f(r["probes"].get(b, {}).get("kl_mean"), 5) for b in pbins]
-                      for m, prov, r in _rows_quality(q)]
-                     + [[m["name"], prov, "same top-1 %"] + [_f(r["probes"].get(b, {}).get("same_top1"), 3, pct=True)
-                                                             for b in pbins] for m, prov, r in _rows_quality(q)]), ""]
+        L += [
+            "### Recall probes: identifiers last seen far back",
+            "",
+            f"Rule: {pr.get('rule', '')}. Columns: distance in tokens (n positions).",
+            "",
+            _table(
+                ["file", "provider", "metric"]
+                + [f"{b} (n={q['models'][0]['providers'][c['providers'][0]]['probes'][b].get('n', 0)})" for b in pbins],
+                [
+                    [m["name"], prov, "KL mean"] + [_f(r["probes"].get(b, {}).get("kl_mean"), 5) for b in pbins]
+                    for m, prov, r in _rows_quality(q)
+                ]
+                + [
+                    [m["name"], prov, "same top-1 %"]
+                    + [_f(r["probes"].get(b, {}).get("same_top1"), 3, pct=True) for b in pbins]
+                    for m, prov, r in _rows_quality(q)
+                ],
+            ),
+            "",
+        ]
     return "\n".join(L)
 
 
@@ -216,22 +318,54 @@ def plot_drift(q: dict, path: Path) -> None:
 
 # ---- sensitivity ----------------------------------------------------------------------------
 
+
 def sensitivity_markdown(s: dict, plots: dict) -> str:
     c = s["config"]
-    L = ["## Sensitivity: one tensor group quantized at a time", "",
-         f"Base: every 2-D weight {c['base'].upper()} (1-D tensors F32); one group (constants.TENSOR_GROUPS) at a time "
-         f"set to **{c['qtype'].upper()}** with convert's `tensor_types` override; scored like the quality run "
-         f"({c.get('provider', 'reference-dequant')}, same samples and reference logits).", ""]
+    L = [
+        "## Sensitivity: one tensor group quantized at a time",
+        "",
+        f"Base: every 2-D weight {c['base'].upper()} (1-D tensors F32); one group (constants.TENSOR_GROUPS) at a time "
+        f"set to **{c['qtype'].upper()}** with convert's `tensor_types` override; scored like the quality run "
+        f"({c.get('provider', 'reference-dequant')}, same samples and reference logits).",
+        "",
+    ]
     rows = []
     for g in s["groups"]:
         o = g["overall"]
-        rows.append([g["group"], g["n_tensors"], ", ".join(f"{k}×{v}" for k, v in g["types"].items()),
-                     f"{g['group_bytes_base'] / MiB:.3f}", f"{g['group_bytes_q'] / MiB:.3f}",
-                     f"{(g['group_bytes_base'] - g['group_bytes_q']) / MiB:.3f}", _f(o["kl_mean"], 6),
-                     _f(o["kl_p99"], 5), _f(o["same_top1"], 3, pct=True), f"{o['delta_nll_bits']:+.5f}",
-                     _f(g.get("kl_per_mib_saved"), 6)])
-    L += [_table(["group", "tensors", "types", f"MiB {c['base']}", f"MiB {c['qtype']}", "MiB saved", "KL mean",
-                  "KL p99", "same top-1 %", "ΔNLL bits", "KL per MiB saved"], rows), ""]
+        rows.append(
+            [
+                g["group"],
+                g["n_tensors"],
+                ", ".join(f"{k}×{v}" for k, v in g["types"].items()),
+                f"{g['group_bytes_base'] / MiB:.3f}",
+                f"{g['group_bytes_q'] / MiB:.3f}",
+                f"{(g['group_bytes_base'] - g['group_bytes_q']) / MiB:.3f}",
+                _f(o["kl_mean"], 6),
+                _f(o["kl_p99"], 5),
+                _f(o["same_top1"], 3, pct=True),
+                f"{o['delta_nll_bits']:+.5f}",
+                _f(g.get("kl_per_mib_saved"), 6),
+            ]
+        )
+    L += [
+        _table(
+            [
+                "group",
+                "tensors",
+                "types",
+                f"MiB {c['base']}",
+                f"MiB {c['qtype']}",
+                "MiB saved",
+                "KL mean",
+                "KL p99",
+                "same top-1 %",
+                "ΔNLL bits",
+                "KL per MiB saved",
+            ],
+            rows,
+        ),
+        "",
+    ]
     if "sensitivity" in plots:
         L += [f"![sensitivity]({plots['sensitivity']})", ""]
     return "\n".join(L)
@@ -245,8 +379,13 @@ def plot_sensitivity(s: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_ylabel(f"mean KL (nats), group at {s['config']['qtype']}")
     for i, g in enumerate(gs):
-        ax.annotate(f"{(g['group_bytes_base'] - g['group_bytes_q']) / MiB:.2f} MiB saved", (i, max(g['overall']['kl_mean'], 1e-9)),
-                    ha="center", va="bottom", fontsize=7)
+        ax.annotate(
+            f"{(g['group_bytes_base'] - g['group_bytes_q']) / MiB:.2f} MiB saved",
+            (i, max(g["overall"]["kl_mean"], 1e-9)),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
     ax.set_title("Per-group sensitivity")
     plt.setp(ax.get_xticklabels(), rotation=25, ha="right")
     fig.tight_layout()
@@ -256,20 +395,32 @@ def plot_sensitivity(s: dict, path: Path) -> None:
 
 # ---- speed ------------------------------------------------------------------------------------
 
-SPEED_FIELDS = [("load_cold_s", "load cold s", 1.0, 3), ("load_warm_s", "load warm s", 1.0, 3),
-                ("prompt_tps", "prompt tok/s", 1.0, 1), ("gen_tps", "gen tok/s", 1.0, 1),
-                ("ms_per_step", "ms/step", 1.0, 2), ("steps_per_block", "steps/block", 1.0, 2),
-                ("tokens_per_step", "tok/step", 1.0, 2), ("ttfb_ms", "first block ms", 1.0, 1),
-                ("peak_rss_mib", "peak RSS MiB", 1.0, 0)]
+SPEED_FIELDS = [
+    ("load_cold_s", "load cold s", 1.0, 3),
+    ("load_warm_s", "load warm s", 1.0, 3),
+    ("prompt_tps", "prompt tok/s", 1.0, 1),
+    ("gen_tps", "gen tok/s", 1.0, 1),
+    ("ms_per_step", "ms/step", 1.0, 2),
+    ("steps_per_block", "steps/block", 1.0, 2),
+    ("tokens_per_step", "tok/step", 1.0, 2),
+    ("ttfb_ms", "first block ms", 1.0, 1),
+    ("peak_rss_mib", "peak RSS MiB", 1.0, 0),
+]
 
 
 def speed_markdown(sp: dict, plots: dict) -> str:
     c = sp["config"]
-    L = ["## Speed", "",
-         f"Each figure: median [p10–p90] over {c['runs']} runs after {c.get('warmup', 1)} warm-up run(s) (no best-of); "
-         f"cold load = first load in a fresh process (subprocess), warm = second load in that process. "
-         f"Threads: PyTorch {c['threads']}, llama.cpp {c.get('runtime_threads', c['threads'])}; llama.cpp GPU layers "
-         f"{c.get('n_gpu_layers', 0)}; prompt: {c.get('prompt_source', '?')}; decoding: " + ", ".join(f"{k}={v}" for k, v in c["decoding"].items()) + ".", ""]
+    L = [
+        "## Speed",
+        "",
+        f"Each figure: median [p10–p90] over {c['runs']} runs after {c.get('warmup', 1)} warm-up run(s) (no best-of); "
+        f"cold load = first load in a fresh process (subprocess), warm = second load in that process. "
+        f"Threads: PyTorch {c['threads']}, llama.cpp {c.get('runtime_threads', c['threads'])}; llama.cpp GPU layers "
+        f"{c.get('n_gpu_layers', 0)}; prompt: {c.get('prompt_source', '?')}; decoding: "
+        + ", ".join(f"{k}={v}" for k, v in c["decoding"].items())
+        + ".",
+        "",
+    ]
     for n in sp.get("notes", []):
         L.append(f"> {n}\n")
     base = [t for t in sp["targets"]]
@@ -295,14 +446,32 @@ def speed_markdown(sp: dict, plots: dict) -> str:
     # sweeps
     for t in base:
         for param, pts in (t.get("sweeps") or {}).items():
-            L += [f"#### {t['name']} ({t['backend']}): sweep over {param}", "",
-                  _table([param, "prompt tok/s", "gen tok/s", "ms/step", "steps/block", "tok/step", "first block ms"],
-                         [[p["value"], _spread(p["prompt_tps"], 1, 1), _spread(p["gen_tps"], 1, 1),
-                           _spread(p["ms_per_step"], 1, 2), _spread(p["steps_per_block"], 1, 2),
-                           _spread(p["tokens_per_step"], 1, 2), _spread(p["ttfb_ms"], 1, 1)] for p in pts]), ""]
+            L += [
+                f"#### {t['name']} ({t['backend']}): sweep over {param}",
+                "",
+                _table(
+                    [param, "prompt tok/s", "gen tok/s", "ms/step", "steps/block", "tok/step", "first block ms"],
+                    [
+                        [
+                            p["value"],
+                            _spread(p["prompt_tps"], 1, 1),
+                            _spread(p["gen_tps"], 1, 1),
+                            _spread(p["ms_per_step"], 1, 2),
+                            _spread(p["steps_per_block"], 1, 2),
+                            _spread(p["tokens_per_step"], 1, 2),
+                            _spread(p["ttfb_ms"], 1, 1),
+                        ]
+                        for p in pts
+                    ],
+                ),
+                "",
+            ]
     if "speed" in plots:
         L += [f"![speed vs block size]({plots['speed']})", ""]
-    L += ["Files: " + "; ".join(f"{t['name']}: sha256 {t.get('sha256', '–')[:16]}…" for t in base if t.get("sha256")), ""]
+    L += [
+        "Files: " + "; ".join(f"{t['name']}: sha256 {t.get('sha256', '–')[:16]}…" for t in base if t.get("sha256")),
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -338,32 +507,41 @@ def plot_speed(sp: dict, path: Path) -> bool:
 
 # ---- configuration ------------------------------------------------------------------------------
 
+
 def config_markdown(env: dict) -> str:
     cpu, sw, ll = env.get("cpu", {}), env.get("software", {}), env.get("llama_cpp", {})
     gpu = env.get("gpu") or []
-    L = ["## Configuration", "",
-         f"- created: {env.get('created_utc')}; command: `{env.get('command')}`",
-         f"- CPU: {cpu.get('model')}, {cpu.get('usable_cores')} usable of {cpu.get('logical_cores')} logical cores, "
-         f"{cpu.get('memory_gib')} GiB RAM, load average at start {cpu.get('loadavg_at_start')}",
-         f"- GPU: " + ("; ".join(f"{g['name']} (driver {g['driver']}, {g['memory']})" for g in gpu) if gpu else "none"),
-         f"- threads: {env.get('threads')}",
-         f"- software: Python {sw.get('python')}, torch {sw.get('torch')}, numpy {sw.get('numpy')}, gguf-py {sw.get('gguf_py')}, "
-         f"clover-gguf {sw.get('clover_gguf')} (git {sw.get('git_commit')}), {sw.get('os')}"]
+    L = [
+        "## Configuration",
+        "",
+        f"- created: {env.get('created_utc')}; command: `{env.get('command')}`",
+        f"- CPU: {cpu.get('model')}, {cpu.get('usable_cores')} usable of {cpu.get('logical_cores')} logical cores, "
+        f"{cpu.get('memory_gib')} GiB RAM, load average at start {cpu.get('loadavg_at_start')}",
+        "- GPU: " + ("; ".join(f"{g['name']} (driver {g['driver']}, {g['memory']})" for g in gpu) if gpu else "none"),
+        f"- threads: {env.get('threads')}",
+        f"- software: Python {sw.get('python')}, torch {sw.get('torch')}, numpy {sw.get('numpy')}, gguf-py {sw.get('gguf_py')}, "
+        f"clover-gguf {sw.get('clover_gguf')} (git {sw.get('git_commit')}), {sw.get('os')}",
+    ]
     if ll.get("built"):
         st = ll.get("stamp", {})
         opts = st.get("options", {})
         flags = [a for a in st.get("cmake_args", []) if a.startswith("-D")]
-        L.append(f"- llama.cpp runtime: llama.cpp commit {ll.get('llama_cpp_commit')} (llama-cpp-python "
-                 f"{ll.get('llama_cpp_python')}), patch series sha256 {st.get('series_sha256') or ll.get('patch_series_hash')} "
-                 f"({len(st.get('patches', []))} patches), CUDA {'on' if opts.get('cuda') else 'off'}, compiler "
-                 f"{ll.get('compiler')}, target {ll.get('build_target')}; cmake: `{' '.join(flags)}`")
+        L.append(
+            f"- llama.cpp runtime: llama.cpp commit {ll.get('llama_cpp_commit')} (llama-cpp-python "
+            f"{ll.get('llama_cpp_python')}), patch series sha256 {st.get('series_sha256') or ll.get('patch_series_hash')} "
+            f"({len(st.get('patches', []))} patches), CUDA {'on' if opts.get('cuda') else 'off'}, compiler "
+            f"{ll.get('compiler')}, target {ll.get('build_target')}; cmake: `{' '.join(flags)}`"
+        )
     else:
-        L.append(f"- llama.cpp runtime: not built ({ll.get('why', 'no build stamp')}); patch series hash "
-                 f"{ll.get('patch_series_hash')}")
+        L.append(
+            f"- llama.cpp runtime: not built ({ll.get('why', 'no build stamp')}); patch series hash "
+            f"{ll.get('patch_series_hash')}"
+        )
     return "\n".join(L) + "\n"
 
 
 # ---- summary (the README table) ----------------------------------------------------------------
+
 
 def summary_table(secs: dict) -> str:
     """One row per GGUF: size, KL and agreement from the best provider (runtime when it ran,
@@ -373,7 +551,7 @@ def summary_table(secs: dict) -> str:
         return ""
     speed = {}
     for t in (secs.get("speed") or {}).get("targets", []):
-        g = ((t.get("base") or {}).get("gen_tps") or {})
+        g = (t.get("base") or {}).get("gen_tps") or {}
         if g.get("n"):
             speed[(t["name"], t["backend"])] = g
     ref_tps = next((v for (n, b), v in speed.items() if b == "reference-bf16"), None)
@@ -387,22 +565,35 @@ def summary_table(secs: dict) -> str:
     for m in q["models"]:
         prov = "runtime" if "runtime" in m["providers"] else next(iter(m["providers"]))
         o = m["providers"][prov]["overall"]
-        row = [m["name"], f"{m['bytes'] / MiB:.2f}", f"{m['bpw']:.2f}", prov, _f(o["kl_mean"], 5), _f(o["kl_p99"], 4),
-               _f(o["same_top1"], 3, pct=True), f"{o['delta_nll_bits']:+.4f}"]
+        row = [
+            m["name"],
+            f"{m['bytes'] / MiB:.2f}",
+            f"{m['bpw']:.2f}",
+            prov,
+            _f(o["kl_mean"], 5),
+            _f(o["kl_p99"], 4),
+            _f(o["same_top1"], 3, pct=True),
+            f"{o['delta_nll_bits']:+.4f}",
+        ]
         if gens:
             row.append(_f(m["providers"][prov].get("generation", {}).get(gens[-1], {}).get("exact_match"), 3, pct=True))
         if speed:
-            sp = next(((v, b) for (n, b), v in speed.items() if n == m["name"] and b == "runtime"), None) or \
-                next(((v, b) for (n, b), v in speed.items() if n == m["name"]), None)
+            sp = next(((v, b) for (n, b), v in speed.items() if n == m["name"] and b == "runtime"), None) or next(
+                ((v, b) for (n, b), v in speed.items() if n == m["name"]), None
+            )
             row.append(f"{sp[0]['median']:.1f} ({sp[1]})" if sp else "–")
         rows.append(row)
     if ref_tps:
-        rows.append(["PyTorch reference (BF16 safetensors)", "", "16", "–", "0", "0", "100.0", "+0.0000"]
-                    + (["100.0"] if gens else []) + [f"{ref_tps['median']:.1f} (reference-bf16)"])
+        rows.append(
+            ["PyTorch reference (BF16 safetensors)", "", "16", "–", "0", "0", "100.0", "+0.0000"]
+            + (["100.0"] if gens else [])
+            + [f"{ref_tps['median']:.1f} (reference-bf16)"]
+        )
     return _table(head, rows)
 
 
 # ---- entry points ---------------------------------------------------------------------------------
+
 
 def sections(run: dict) -> dict:
     if run.get("kind") == "bundle":

@@ -24,6 +24,7 @@ DEFAULT_QTYPE = "q4_k"
 def group_bytes(gguf_info: dict, path, group: str) -> tuple[int, int]:
     """(bytes, n tensors) of a group's tensors in a GGUF."""
     from gguf import GGUFReader
+
     r = GGUFReader(str(path))
     pat = re.compile(TENSOR_GROUPS[group])
     n, b = 0, 0
@@ -34,11 +35,21 @@ def group_bytes(gguf_info: dict, path, group: str) -> tuple[int, int]:
     return b, n
 
 
-def run_sensitivity(reference, out_dir, groups=DEFAULT_GROUPS, qtype: str = DEFAULT_QTYPE, base: str = "bf16",
-                    work_dir=None, keep: bool = False, log=print, **quality_kw) -> dict:
+def run_sensitivity(
+    reference,
+    out_dir,
+    groups=DEFAULT_GROUPS,
+    qtype: str = DEFAULT_QTYPE,
+    base: str = "bf16",
+    work_dir=None,
+    keep: bool = False,
+    log=print,
+    **quality_kw,
+) -> dict:
     """Convert one file per group, score them, return the sensitivity run (also written to
     ``out_dir/sensitivity.json``). quality_kw go to run_quality (corpus, n_windows, ...)."""
     from ..convert.converter import convert
+
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -55,8 +66,15 @@ def run_sensitivity(reference, out_dir, groups=DEFAULT_GROUPS, qtype: str = DEFA
         f = work / f"sens-{g}-{qtype}.gguf"
         if not f.exists():
             log(f"convert: {g} -> {qtype}")
-            convert(reference, f, outtype=base, experts=base, tensor_types=[(TENSOR_GROUPS[g], qtype)],
-                    progress=False, log=lambda *a, **k: None)
+            convert(
+                reference,
+                f,
+                outtype=base,
+                experts=base,
+                tensor_types=[(TENSOR_GROUPS[g], qtype)],
+                progress=False,
+                log=lambda *a, **k: None,
+            )
         files.append(f)
     quality_kw.setdefault("generation", False)
     q = run_quality(reference, files, out_dir=out_dir, backend="reference", names=list(groups), log=log, **quality_kw)
@@ -68,10 +86,21 @@ def run_sensitivity(reference, out_dir, groups=DEFAULT_GROUPS, qtype: str = DEFA
         r = m["providers"]["reference-dequant"]
         types = m["types"].get(g, {})
         saved = (bb - bq) / 1048576
-        rows.append({"group": g, "file": str(f), "n_tensors": n, "types": types, "group_bytes_base": bb,
-                     "group_bytes_q": bq, "file_bytes": m["bytes"], "overall": r["overall"], "by_ratio": r["by_ratio"],
-                     "by_history": r["by_history"],
-                     "kl_per_mib_saved": r["overall"]["kl_mean"] / saved if saved > 0 else None})
+        rows.append(
+            {
+                "group": g,
+                "file": str(f),
+                "n_tensors": n,
+                "types": types,
+                "group_bytes_base": bb,
+                "group_bytes_q": bq,
+                "file_bytes": m["bytes"],
+                "overall": r["overall"],
+                "by_ratio": r["by_ratio"],
+                "by_history": r["by_history"],
+                "kl_per_mib_saved": r["overall"]["kl_mean"] / saved if saved > 0 else None,
+            }
+        )
     if not keep:
         for f in files + [base_file]:
             f.unlink(missing_ok=True)
@@ -79,10 +108,22 @@ def run_sensitivity(reference, out_dir, groups=DEFAULT_GROUPS, qtype: str = DEFA
             work.rmdir()
         except OSError:
             pass
-    run = {"schema": q["schema"], "kind": "sensitivity",
-           "config": {**q["config"], "qtype": qtype, "base": base, "groups": list(groups), "provider": "reference-dequant",
-                      "group_regex": {g: TENSOR_GROUPS[g] for g in groups}},
-           "samples": q["samples"], "reference": q["reference"], "groups": rows, "notes": q["notes"],
-           "seconds": time.perf_counter() - t0}
+    run = {
+        "schema": q["schema"],
+        "kind": "sensitivity",
+        "config": {
+            **q["config"],
+            "qtype": qtype,
+            "base": base,
+            "groups": list(groups),
+            "provider": "reference-dequant",
+            "group_regex": {g: TENSOR_GROUPS[g] for g in groups},
+        },
+        "samples": q["samples"],
+        "reference": q["reference"],
+        "groups": rows,
+        "notes": q["notes"],
+        "seconds": time.perf_counter() - t0,
+    }
     (out_dir / "sensitivity.json").write_text(json.dumps(run, indent=1) + "\n")
     return run

@@ -55,6 +55,7 @@ def parse_sweep(specs) -> dict[str, list]:
 
 # ---- worker (runs in the subprocess) -----------------------------------------------------
 
+
 def _peak_rss_mib() -> float:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -67,28 +68,34 @@ def _peak_rss_mib() -> float:
 
 def _load(backend: str, path: str, threads: int, max_block: int | None = None, n_gpu_layers: int = 0):
     import torch
+
     torch.set_num_threads(threads)
     if backend == "reference-bf16":
         from .backends import load_reference
+
         m = load_reference(path)
         return m, m.config
     if backend == "reference-dequant":
         from .backends import load_dequantized
+
         m = load_dequantized(path)
         return m, m.config
     from .backends import open_runtime
+
     rt = open_runtime(path, threads, n_gpu_layers=n_gpu_layers, max_block=max_block)
     return rt, getattr(rt, "config", None)
 
 
 def _one_run(backend: str, obj, prompt: list[int], cfg) -> dict:
     from ..reference.generate import TorchBackend, generate
+
     t0 = time.perf_counter()
     if backend == "runtime":
         if hasattr(obj, "generate"):
             res = obj.generate(prompt, cfg)
         else:
             from ..runtime.runtime import RuntimeBackend
+
             res = generate(RuntimeBackend(obj), prompt, cfg)
     else:
         res = generate(TorchBackend(obj), prompt, cfg)
@@ -99,24 +106,35 @@ def _one_run(backend: str, obj, prompt: list[int], cfg) -> dict:
     steps = sum(b.steps for b in blocks)
     ntok = sum(b.n_tokens for b in blocks)
     step_ms = [x for b in blocks for x in b.ms_per_step]
-    return {"prompt_tps": len(prompt) / (prefill_ms / 1e3) if prefill_ms > 0 else None,
-            "gen_tps": ntok / ((total_ms - prefill_ms) / 1e3) if total_ms > prefill_ms else None,
-            "ms_per_step": sum(step_ms) / len(step_ms) if step_ms else None,
-            "steps_per_block": steps / len(blocks) if blocks else None,
-            "tokens_per_step": ntok / steps if steps else None,
-            "ttfb_ms": prefill_ms + (sum(blocks[0].ms_per_step) if blocks else 0.0),
-            "total_ms": total_ms, "prefill_ms": prefill_ms, "n_tokens": ntok}
+    return {
+        "prompt_tps": len(prompt) / (prefill_ms / 1e3) if prefill_ms > 0 else None,
+        "gen_tps": ntok / ((total_ms - prefill_ms) / 1e3) if total_ms > prefill_ms else None,
+        "ms_per_step": sum(step_ms) / len(step_ms) if step_ms else None,
+        "steps_per_block": steps / len(blocks) if blocks else None,
+        "tokens_per_step": ntok / steps if steps else None,
+        "ttfb_ms": prefill_ms + (sum(blocks[0].ms_per_step) if blocks else 0.0),
+        "total_ms": total_ms,
+        "prefill_ms": prefill_ms,
+        "n_tokens": ntok,
+    }
 
 
 def _measure(backend, obj, conf: dict, prompt_ids, runs: int, warmup: int, mask_id: int) -> dict:
     from ..reference.generate import GenerationConfig
+
     P = int(conf["prompt_len"])
     prompt = list(prompt_ids[:P])
     if len(prompt) < P:
         prompt = (prompt * (P // max(len(prompt), 1) + 1))[:P]
-    cfg = GenerationConfig(max_new_tokens=int(conf["max_new_tokens"]), block_size=int(conf["block_size"]),
-                           steps=conf.get("steps"), threshold=conf.get("threshold"), temperature=0.0,
-                           mask_token_id=mask_id, eos_token_id=None)
+    cfg = GenerationConfig(
+        max_new_tokens=int(conf["max_new_tokens"]),
+        block_size=int(conf["block_size"]),
+        steps=conf.get("steps"),
+        threshold=conf.get("threshold"),
+        temperature=0.0,
+        mask_token_id=mask_id,
+        eos_token_id=None,
+    )
     recs = []
     for i in range(warmup + runs):
         r = _one_run(backend, obj, prompt, cfg)
@@ -157,12 +175,14 @@ def worker(spec: dict) -> dict:
                 conf["threshold"] = None
             if param == "threshold":
                 conf["steps"] = None
-            pts.append({"value": v, **_measure(backend, obj, conf, spec["prompt_ids"], spec["runs"],
-                                                spec["warmup"], mask_id)})
+            pts.append(
+                {"value": v, **_measure(backend, obj, conf, spec["prompt_ids"], spec["runs"], spec["warmup"], mask_id)}
+            )
         out["sweeps"][param] = pts
     out["peak_rss_mib"] = _peak_rss_mib()
     try:
         import torch
+
         if torch.cuda.is_available():
             out["peak_vram_mib"] = torch.cuda.max_memory_allocated() / 1048576
     except Exception:
@@ -172,8 +192,10 @@ def worker(spec: dict) -> dict:
 
 # ---- driver ------------------------------------------------------------------------------
 
+
 def _spawn(spec: dict, timeout: float) -> dict:
     import tempfile
+
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
         p = f.name
@@ -181,8 +203,13 @@ def _spawn(spec: dict, timeout: float) -> dict:
         env = dict(os.environ)
         root = str(REPO_ROOT)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        r = subprocess.run([sys.executable, "-m", "clover_gguf.eval.speed", "--worker", p], capture_output=True,
-                           text=True, timeout=timeout, env=env)
+        r = subprocess.run(
+            [sys.executable, "-m", "clover_gguf.eval.speed", "--worker", p],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     finally:
         os.unlink(p)
     if r.returncode != 0:
@@ -195,8 +222,9 @@ def prompt_ids_for(reference=None, n: int = 4096, vocab_size: int | None = None,
     deterministic pseudo-random ids."""
     if reference and (Path(reference) / "tokenizer.json").is_file():
         try:
-            from ..train.data import heldout_files
             from ..tokenizer import CloverTokenizer
+            from ..train.data import heldout_files
+
             tok = CloverTokenizer.from_dir(reference)
             ids = []
             for f in heldout_files():
@@ -207,6 +235,7 @@ def prompt_ids_for(reference=None, n: int = 4096, vocab_size: int | None = None,
         except Exception:
             pass
     import random
+
     rng = random.Random(0)
     V = vocab_size or 256
     ids = []
@@ -217,13 +246,28 @@ def prompt_ids_for(reference=None, n: int = 4096, vocab_size: int | None = None,
     return ids, "pseudo-random token ids (seed 0)"
 
 
-def run_speed(ggufs, reference=None, backends=("auto",), runs: int = 5, warmup: int = 1, threads: int | None = None,
-              base: dict | None = None, sweeps: dict | None = None, out_dir=None, timeout: float = 3600,
-              cold_runs: int | None = None, names=None, runtime_threads: int | None = None,
-              sweep_reference: bool = True, n_gpu_layers: int = 0, log=print) -> dict:
+def run_speed(
+    ggufs,
+    reference=None,
+    backends=("auto",),
+    runs: int = 5,
+    warmup: int = 1,
+    threads: int | None = None,
+    base: dict | None = None,
+    sweeps: dict | None = None,
+    out_dir=None,
+    timeout: float = 3600,
+    cold_runs: int | None = None,
+    names=None,
+    runtime_threads: int | None = None,
+    sweep_reference: bool = True,
+    n_gpu_layers: int = 0,
+    log=print,
+) -> dict:
     from ..util import default_threads
     from .backends import model_dir_hash, runtime_status
     from .sysinfo import environment, gguf_file_info
+
     threads = threads or default_threads()
     base = {**DEFAULT_BASE, **(base or {})}
     sweeps = sweeps or {}
@@ -240,8 +284,10 @@ def run_speed(ggufs, reference=None, backends=("auto",), runs: int = 5, warmup: 
     if "runtime" in want and not rt_ok:
         want.discard("runtime")
         want.add("reference-dequant")
-        notes.append(f"llama.cpp runtime not available ({rt_why}); GGUF rows use the PyTorch reference on "
-                     "dequantized weights, whose speed is not the quantized kernels' speed")
+        notes.append(
+            f"llama.cpp runtime not available ({rt_why}); GGUF rows use the PyTorch reference on "
+            "dequantized weights, whose speed is not the quantized kernels' speed"
+        )
     targets = []
     if reference:
         targets.append({"name": "PyTorch BF16", "backend": "reference-bf16", "path": str(reference)})
@@ -250,12 +296,21 @@ def run_speed(ggufs, reference=None, backends=("auto",), runs: int = 5, warmup: 
         nm = names[i] if names and i < len(names) else info["name"]
         for b in ("runtime", "reference-dequant"):
             if b in want:
-                targets.append({"name": nm, "backend": b, "path": str(g), "sha256": info["sha256"],
-                                "bytes": info["bytes"], "bpw": info["bpw"]})
+                targets.append(
+                    {
+                        "name": nm,
+                        "backend": b,
+                        "path": str(g),
+                        "sha256": info["sha256"],
+                        "bytes": info["bytes"],
+                        "bpw": info["bpw"],
+                    }
+                )
     mask_id = None
     V = None
     if reference:
         from ..checkpoint import Checkpoint
+
         c = Checkpoint(reference).config
         mask_id, V = c.mask_token_id, c.vocab_size
         specials = {c.mask_token_id, c.eos_token_id, c.bos_token_id, c.pad_token_id}
@@ -268,34 +323,65 @@ def run_speed(ggufs, reference=None, backends=("auto",), runs: int = 5, warmup: 
         log(f"speed: {t['name']} ({t['backend']})")
         t["threads"] = (runtime_threads or threads) if t["backend"] == "runtime" else threads
         sw = sweeps if (sweep_reference or t["backend"] != "reference-bf16") else {}
-        spec = {"backend": t["backend"], "path": t["path"], "threads": t["threads"], "runs": runs, "warmup": warmup,
-                "base": base, "sweeps": sw, "prompt_ids": prompt_ids, "mask_token_id": mask_id,
-                "n_gpu_layers": n_gpu_layers if t["backend"] == "runtime" else 0}
+        spec = {
+            "backend": t["backend"],
+            "path": t["path"],
+            "threads": t["threads"],
+            "runs": runs,
+            "warmup": warmup,
+            "base": base,
+            "sweeps": sw,
+            "prompt_ids": prompt_ids,
+            "mask_token_id": mask_id,
+            "n_gpu_layers": n_gpu_layers if t["backend"] == "runtime" else 0,
+        }
         try:
             res = _spawn(spec, timeout)
             colds = [res["load_cold_s"]]
             for _ in range(max(0, cold_runs - 1)):
                 colds.append(_spawn({**spec, "load_only": True}, timeout)["load_cold_s"])
-            t.update({"load_cold_s": spread(colds), "load_warm_s": spread([res["load_warm_s"]]),
-                      "peak_rss_mib": spread([res["peak_rss_mib"]]), "base": res["base"], "sweeps": res["sweeps"]})
+            t.update(
+                {
+                    "load_cold_s": spread(colds),
+                    "load_warm_s": spread([res["load_warm_s"]]),
+                    "peak_rss_mib": spread([res["peak_rss_mib"]]),
+                    "base": res["base"],
+                    "sweeps": res["sweeps"],
+                }
+            )
             if "peak_vram_mib" in res:
                 t["peak_vram_mib"] = res["peak_vram_mib"]
             if t["backend"] == "reference-bf16":
                 t["sha256"] = "model dir " + model_dir_hash(reference)
             b = res["base"]
-            log(f"  gen {b['gen_tps'].get('median', float('nan')):.1f} tok/s, prompt "
-                f"{b['prompt_tps'].get('median', float('nan')):.1f} tok/s, cold load {spread(colds)['median']:.3f} s")
+            log(
+                f"  gen {b['gen_tps'].get('median', float('nan')):.1f} tok/s, prompt "
+                f"{b['prompt_tps'].get('median', float('nan')):.1f} tok/s, cold load {spread(colds)['median']:.3f} s"
+            )
         except Exception as e:
             t["error"] = str(e)
             log(f"  failed: {e}")
-    run = {"schema": "clover-gguf-eval/1", "kind": "speed",
-           "config": {"runs": runs, "warmup": warmup, "cold_runs": cold_runs, "threads": threads,
-                      "runtime_threads": runtime_threads or threads,
-                      "decoding": {**base, "temperature": 0.0, "eos": "ignored (fixed output length)"},
-                      "sweeps": sweeps, "sweep_reference": sweep_reference, "prompt_source": prompt_src,
-                      "backends": sorted(want),
-                      "n_gpu_layers": n_gpu_layers, "environment": environment(threads)},
-           "targets": targets, "notes": notes, "runtime": {"available": rt_ok, "detail": rt_why}}
+    run = {
+        "schema": "clover-gguf-eval/1",
+        "kind": "speed",
+        "config": {
+            "runs": runs,
+            "warmup": warmup,
+            "cold_runs": cold_runs,
+            "threads": threads,
+            "runtime_threads": runtime_threads or threads,
+            "decoding": {**base, "temperature": 0.0, "eos": "ignored (fixed output length)"},
+            "sweeps": sweeps,
+            "sweep_reference": sweep_reference,
+            "prompt_source": prompt_src,
+            "backends": sorted(want),
+            "n_gpu_layers": n_gpu_layers,
+            "environment": environment(threads),
+        },
+        "targets": targets,
+        "notes": notes,
+        "runtime": {"available": rt_ok, "detail": rt_why},
+    }
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "speed.json").write_text(json.dumps(run, indent=1) + "\n")

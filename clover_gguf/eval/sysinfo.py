@@ -35,15 +35,24 @@ def cpu_info() -> dict:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
-    return {"model": model or platform.processor(), "logical_cores": os.cpu_count(),
-            "usable_cores": affinity, "memory_gib": mem, "loadavg_at_start": load,
-            "machine": platform.machine()}
+    return {
+        "model": model or platform.processor(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": affinity,
+        "memory_gib": mem,
+        "loadavg_at_start": load,
+        "machine": platform.machine(),
+    }
 
 
 def gpu_info() -> list[dict]:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     if out.returncode != 0:
@@ -59,11 +68,20 @@ def gpu_info() -> list[dict]:
 def software_info() -> dict:
     import numpy
     import torch
+
     from .. import __version__
-    d = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
-         "torch_threads": torch.get_num_threads(), "clover_gguf": __version__, "os": platform.platform()}
+
+    d = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "clover_gguf": __version__,
+        "os": platform.platform(),
+    }
     try:
         import gguf
+
         d["gguf_py"] = getattr(gguf, "__version__", None) or _dist_version("gguf")
     except ImportError:
         pass
@@ -74,6 +92,7 @@ def software_info() -> dict:
 def _dist_version(name):
     try:
         from importlib.metadata import version
+
         return version(name)
     except Exception:
         return None
@@ -81,10 +100,15 @@ def _dist_version(name):
 
 def _git_commit() -> str | None:
     from ..util import REPO_ROOT as root
+
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if out.returncode == 0:
             return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
@@ -97,6 +121,7 @@ def runtime_build_info() -> dict:
     compile options); {'built': False} when there is no build."""
     try:
         from ..runtime.build import runtime_paths
+
         p = runtime_paths()
     except Exception as e:
         return {"built": False, "why": f"{type(e).__name__}: {e}"}
@@ -111,14 +136,19 @@ def runtime_build_info() -> dict:
     bi = Path(bdir) / "common" / "build-info.cpp" if bdir else None
     if bi is not None and bi.is_file():
         import re
+
         txt = bi.read_text()
-        for key, name in (("LLAMA_COMMIT", "llama_cpp_commit"), ("LLAMA_COMPILER", "compiler"),
-                          ("LLAMA_BUILD_TARGET", "build_target")):
+        for key, name in (
+            ("LLAMA_COMMIT", "llama_cpp_commit"),
+            ("LLAMA_COMPILER", "compiler"),
+            ("LLAMA_BUILD_TARGET", "build_target"),
+        ):
             m = re.search(key + r'\s*=\s*"([^"]*)"', txt)
             if m:
                 info[name] = m.group(1)
     try:
         from ..runtime import build as b
+
         info["llama_cpp_python"] = b.LLAMA_CPP_PYTHON_VERSION
         pats = b.patch_series()
         info["patch_series_hash"] = b.series_hash(pats) if pats else None
@@ -129,17 +159,24 @@ def runtime_build_info() -> dict:
 
 
 def environment(threads: int | None = None) -> dict:
-    return {"created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
-            "cpu": cpu_info(), "gpu": gpu_info(), "software": software_info(),
-            "threads": threads, "llama_cpp": runtime_build_info()}
+    return {
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "cpu": cpu_info(),
+        "gpu": gpu_info(),
+        "software": software_info(),
+        "threads": threads,
+        "llama_cpp": runtime_build_info(),
+    }
 
 
 def gguf_file_info(path) -> dict:
     """Size, sha256, tensor types by group, bpw and the converter's recipe key of a GGUF."""
     from gguf import GGUFReader
+
     from ..constants import Keys, tensor_group
     from ..util import sha256_file
+
     path = Path(path)
     r = GGUFReader(str(path))
     by_group: dict[str, dict[str, int]] = {}
@@ -158,6 +195,14 @@ def gguf_file_info(path) -> dict:
             recipe = rec.contents()
         except Exception:
             recipe = None
-    return {"path": str(path), "name": path.stem, "bytes": path.stat().st_size, "tensor_bytes": tensor_bytes,
-            "n_params": n_params, "bpw": 8.0 * tensor_bytes / max(n_params, 1),
-            "sha256": sha256_file(path), "types": {g: by_group[g] for g in sorted(by_group)}, "recipe": recipe}
+    return {
+        "path": str(path),
+        "name": path.stem,
+        "bytes": path.stat().st_size,
+        "tensor_bytes": tensor_bytes,
+        "n_params": n_params,
+        "bpw": 8.0 * tensor_bytes / max(n_params, 1),
+        "sha256": sha256_file(path),
+        "types": {g: by_group[g] for g in sorted(by_group)},
+        "recipe": recipe,
+    }

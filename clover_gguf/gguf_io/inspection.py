@@ -17,7 +17,7 @@ class GroupStats:
     n_tensors: int = 0
     n_weights: int = 0
     n_bytes: int = 0
-    types: dict[str, int] = field(default_factory=dict)   # type -> weights
+    types: dict[str, int] = field(default_factory=dict)  # type -> weights
 
     @property
     def bpw(self) -> float:
@@ -27,9 +27,9 @@ class GroupStats:
 @dataclass
 class Inspection:
     path: Path
-    kind: str                      # "gguf" | "safetensors"
+    kind: str  # "gguf" | "safetensors"
     metadata: dict
-    tensors: list[tuple[str, tuple[int, ...], str, int]]   # name, shape, type, bytes
+    tensors: list[tuple[str, tuple[int, ...], str, int]]  # name, shape, type, bytes
     groups: dict[str, GroupStats]
 
     @property
@@ -68,8 +68,10 @@ def inspect_gguf(path) -> Inspection:
 
     r = GGUFReader(path)
     md = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    tensors = [(t.name, tuple(int(s) for s in reversed(t.shape.tolist())), t.tensor_type.name.lower(),
-                int(t.n_bytes)) for t in r.tensors]
+    tensors = [
+        (t.name, tuple(int(s) for s in reversed(t.shape.tolist())), t.tensor_type.name.lower(), int(t.n_bytes))
+        for t in r.tensors
+    ]
     return Inspection(Path(path), "gguf", md, tensors, _group(tensors))
 
 
@@ -120,12 +122,18 @@ def format_inspection(ins: Inspection, show_tensors: bool = False, show_metadata
     hdr = f"{'group':<16} {'tensors':>7} {'weights (M)':>12} {'size (MiB)':>11} {'bpw':>6}  types"
     lines += ["groups:", "  " + hdr, "  " + "-" * len(hdr)]
     for name, g in ins.groups.items():
-        types = ", ".join(f"{t} {100.0 * n / g.n_weights:.0f}%" if len(g.types) > 1 else t
-                          for t, n in sorted(g.types.items(), key=lambda kv: -kv[1]))
-        lines.append(f"  {name:<16} {g.n_tensors:>7} {g.n_weights / 1e6:>12.3f} {g.n_bytes / 2**20:>11.2f} "
-                     f"{g.bpw:>6.2f}  {types}")
+        types = ", ".join(
+            f"{t} {100.0 * n / g.n_weights:.0f}%" if len(g.types) > 1 else t
+            for t, n in sorted(g.types.items(), key=lambda kv: -kv[1])
+        )
+        lines.append(
+            f"  {name:<16} {g.n_tensors:>7} {g.n_weights / 1e6:>12.3f} {g.n_bytes / 2**20:>11.2f} "
+            f"{g.bpw:>6.2f}  {types}"
+        )
     lines.append("  " + "-" * len(hdr))
-    lines.append(f"  {'total':<16} {sum(g.n_tensors for g in ins.groups.values()):>7} "
-                 f"{ins.n_weights / 1e6:>12.3f} {ins.n_bytes / 2**20:>11.2f} "
-                 f"{8.0 * ins.n_bytes / max(1, ins.n_weights):>6.2f}")
+    lines.append(
+        f"  {'total':<16} {sum(g.n_tensors for g in ins.groups.values()):>7} "
+        f"{ins.n_weights / 1e6:>12.3f} {ins.n_bytes / 2**20:>11.2f} "
+        f"{8.0 * ins.n_bytes / max(1, ins.n_weights):>6.2f}"
+    )
     return "\n".join(lines)

@@ -14,10 +14,19 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 
-from ..convert import quants
 from ..config import CloverConfig
-from ..constants import (ARCH, EXPERT_PROJS, GGUF_EXPERT_NAME, HF_EXPERT_FUSED_DOWN,
-                        HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER, Keys, gguf_to_hf_name, spec_for_hf)
+from ..constants import (
+    ARCH,
+    EXPERT_PROJS,
+    GGUF_EXPERT_NAME,
+    HF_EXPERT_FUSED_DOWN,
+    HF_EXPERT_FUSED_GATE_UP,
+    HF_EXPERT_PER,
+    Keys,
+    gguf_to_hf_name,
+    spec_for_hf,
+)
+from ..convert import quants
 
 
 class GGUFReadError(ValueError):
@@ -88,8 +97,9 @@ def dequantize_tensor(t) -> np.ndarray:
     return quants.dequantize(t.data, t.tensor_type, shape)
 
 
-def load_gguf_as_hf_tensors(path, experts: str = "per_expert", dtype=torch.float32
-                            ) -> tuple[CloverConfig, dict[str, torch.Tensor]]:
+def load_gguf_as_hf_tensors(
+    path, experts: str = "per_expert", dtype=torch.float32
+) -> tuple[CloverConfig, dict[str, torch.Tensor]]:
     """(config, {HF name: tensor}) from a Clover GGUF; experts 'per_expert' | 'fused'."""
     r = GGUFReader(path)
     cfg = config_from_reader(r)
@@ -137,8 +147,15 @@ def tensor_types(path) -> dict[str, str]:
 
 
 @torch.no_grad()
-def logit_agreement(model_dir, gguf_path, token_ids, block_size: int | None = None, mask_ratio: float = 0.5,
-                    seq_len: int = 256, seed: int = 0) -> dict:
+def logit_agreement(
+    model_dir,
+    gguf_path,
+    token_ids,
+    block_size: int | None = None,
+    mask_ratio: float = 0.5,
+    seq_len: int = 256,
+    seed: int = 0,
+) -> dict:
     """Run the PyTorch reference on the source weights and on the weights dequantized from
     ``gguf_path``, on the same token sequences (clean blocks committed, each block also
     denoised with ``mask_ratio`` of its tokens masked), and compare the denoising logits:
@@ -165,18 +182,23 @@ def logit_agreement(model_dir, gguf_path, token_ids, block_size: int | None = No
     top = top_m = 0
     cnt = cnt_m = 0
     for i in range(n):
-        a = ref.forward_train(clean[i:i + 1], noisy[i:i + 1], pos[i:i + 1], valid[i:i + 1]).float()
-        b = q.forward_train(clean[i:i + 1], noisy[i:i + 1], pos[i:i + 1], valid[i:i + 1]).float()
+        a = ref.forward_train(clean[i : i + 1], noisy[i : i + 1], pos[i : i + 1], valid[i : i + 1]).float()
+        b = q.forward_train(clean[i : i + 1], noisy[i : i + 1], pos[i : i + 1], valid[i : i + 1]).float()
         la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
         kl = (la.exp() * (la - lb)).sum(-1).reshape(-1)
         agree = (a.argmax(-1) == b.argmax(-1)).reshape(-1)
-        mm = m[i:i + 1].reshape(-1)
+        mm = m[i : i + 1].reshape(-1)
         kl_sum += kl.sum().item()
         top += int(agree.sum())
         cnt += kl.numel()
         kl_m += kl[mm].sum().item()
         top_m += int(agree[mm].sum())
         cnt_m += int(mm.sum())
-    return {"positions": cnt, "mean_kl": kl_sum / cnt, "top1_agreement": top / cnt,
-            "masked_positions": cnt_m, "mean_kl_masked": kl_m / max(1, cnt_m),
-            "top1_agreement_masked": top_m / max(1, cnt_m)}
+    return {
+        "positions": cnt,
+        "mean_kl": kl_sum / cnt,
+        "top1_agreement": top / cnt,
+        "masked_positions": cnt_m,
+        "mean_kl_masked": kl_m / max(1, cnt_m),
+        "top1_agreement_masked": top_m / max(1, cnt_m),
+    }

@@ -28,7 +28,7 @@ def _init(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     if name.endswith("dt_bias"):
         return torch.empty(shape).uniform_(-4, -2, generator=g)
     fan_in = shape[-1] if len(shape) > 1 else 1
-    std = 0.02 if "embed" in name else fan_in ** -0.5
+    std = 0.02 if "embed" in name else fan_in**-0.5
     return std * torch.randn(shape, generator=g)
 
 
@@ -45,9 +45,16 @@ def plan_shards(sizes: dict[str, int], shard_bytes: int) -> list[list[str]]:
     return shards
 
 
-def write_synthetic(out_dir: str | Path, config: CloverConfig, layers: int | None = None,
-                    shard_size_mb: float = 2000, fused: bool = False, seed: int = 0,
-                    dtype: torch.dtype = torch.bfloat16, progress: bool = True) -> Path:
+def write_synthetic(
+    out_dir: str | Path,
+    config: CloverConfig,
+    layers: int | None = None,
+    shard_size_mb: float = 2000,
+    fused: bool = False,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    progress: bool = True,
+) -> Path:
     """Write config.json + safetensors shards (+ index when more than one shard)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -57,8 +64,11 @@ def write_synthetic(out_dir: str | Path, config: CloverConfig, layers: int | Non
     esize = torch.tensor([], dtype=dtype).element_size()
     sizes = {n: esize * int(torch.Size(s).numel()) for n, s in shapes.items()}
     shards = plan_shards(sizes, int(shard_size_mb * 2**20))
-    names = [SINGLE_NAME] if len(shards) == 1 else [
-        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    names = (
+        [SINGLE_NAME]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     total = sum(sizes.values())
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="synth", disable=not progress)
     weight_map = {}
@@ -82,7 +92,8 @@ def write_synthetic(out_dir: str | Path, config: CloverConfig, layers: int | Non
         os.replace(tmp, out / fname)
     bar.close()
     if len(shards) > 1:
-        (out / INDEX_NAME).write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
+        (out / INDEX_NAME).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n"
+        )
     config.save(out / "config.json")
     return out

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 
 
-def recurrent_update(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                     beta: torch.Tensor) -> torch.Tensor:
+def recurrent_update(
+    S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
     """Fold tokens t = 0..L-1 into S in order, exactly as the spec writes it.
 
     S: [..., Dk, Dv]; k: [..., L, Dk]; v: [..., L, Dv]; g, beta: [..., L]."""
@@ -43,11 +44,13 @@ def chunk_transition(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: to
     IA = eye + A
     rhs = torch.cat([beta[..., None] * v, (beta * torch.exp(G))[..., None] * k], dim=-1)
     X = torch.linalg.solve_triangular(IA, rhs, upper=False, unitriangular=True)
-    X1, X2 = X[..., : v.shape[-1]], X[..., v.shape[-1]:]
+    X1, X2 = X[..., : v.shape[-1]], X[..., v.shape[-1] :]
     Kw = k * torch.exp(G[..., -1:] - G)[..., None]
     C = Kw.transpose(-1, -2) @ X1
-    M = torch.exp(G[..., -1])[..., None, None] * torch.eye(k.shape[-1], dtype=k.dtype, device=k.device) \
+    M = (
+        torch.exp(G[..., -1])[..., None, None] * torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
         - Kw.transpose(-1, -2) @ X2
+    )
     return M, C
 
 

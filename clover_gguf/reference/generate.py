@@ -4,8 +4,9 @@ logits: the PyTorch reference here, the llama.cpp runtime through the same inter
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -41,11 +42,11 @@ class TorchBackend:
 class GenerationConfig:
     max_new_tokens: int = 64
     block_size: int = 16
-    steps: int | None = None          # `steps` schedule: T steps per block
-    threshold: float | None = None    # `threshold` schedule (used when steps is None); default 0.9
+    steps: int | None = None  # `steps` schedule: T steps per block
+    threshold: float | None = None  # `threshold` schedule (used when steps is None); default 0.9
     temperature: float = 0.0
-    top_k: int = 0                    # 0 = off
-    top_p: float = 1.0                # 1 = off
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
     seed: int = 0
     mask_token_id: int = 1
     eos_token_id: int | None = None
@@ -123,8 +124,7 @@ def pick(conf: torch.Tensor, n: int) -> torch.Tensor:
     return order[:n]
 
 
-def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, gen: torch.Generator,
-                  index: int = 0):
+def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, gen: torch.Generator, index: int = 0):
     """Run one block from all-mask to clean. Returns (tokens, BlockStats)."""
     block = [cfg.mask_token_id] * L
     masked = list(range(L))
@@ -151,8 +151,12 @@ def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, gen: to
     return block, stats
 
 
-def generate(backend: LogitsBackend, prompt: list[int], cfg: GenerationConfig,
-             on_block: Callable[[list[int], BlockStats], bool | None] | None = None) -> GenerationResult:
+def generate(
+    backend: LogitsBackend,
+    prompt: list[int],
+    cfg: GenerationConfig,
+    on_block: Callable[[list[int], BlockStats], bool | None] | None = None,
+) -> GenerationResult:
     """Prefill, then blocks of cfg.block_size until max_new_tokens or a block holding EOS.
     `on_block(tokens, stats)` is called after each block; returning False stops."""
     cfg.validate()

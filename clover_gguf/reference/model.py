@@ -39,7 +39,7 @@ def rope_neox(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     ang = (pos.double()[..., None] * inv).float()[..., None, :]  # [..., L, 1, D/2]
     cos, sin = ang.cos(), ang.sin()
     xf = x.float()
-    x1, x2 = xf[..., : D // 2], xf[..., D // 2:]
+    x1, x2 = xf[..., : D // 2], xf[..., D // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
@@ -126,7 +126,7 @@ class Experts(nn.Module):
 
     def forward(self, v: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """v [T, d], top-k ids and weights [T, k] -> sum_e w_e expert_e(v), float32 [T, d]."""
-        order = torch.argsort(ids.reshape(-1), stable=True)   # routed rows grouped by expert
+        order = torch.argsort(ids.reshape(-1), stable=True)  # routed rows grouped by expert
         counts = torch.bincount(ids.reshape(-1), minlength=self.gate_up_proj.shape[0]).tolist()
         tok = order // ids.shape[-1]
         x = v[tok]
@@ -203,7 +203,7 @@ class DecoderLayer(nn.Module):
         K_c, L = self.c.conv_kernel_size, u.shape[-2]
         up = F.pad(u, (0, 0, 0, K_c - 1))
         w = self.conv.weight[:, 0, :]
-        return F.silu(sum(up[..., t: t + L, :] * w[:, t] for t in range(K_c))) * self.conv.scale
+        return F.silu(sum(up[..., t : t + L, :] * w[:, t] for t in range(K_c))) * self.conv.scale
 
     def mix(self, x, u, Q, K, V, pos, valid, S):
         """Section 2 steps 3-7 given the state S [N, nb, Hkv, D, D] at each block start."""
@@ -255,13 +255,14 @@ class CloverModel(nn.Module):
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> "CloverModel":
+    def from_pretrained(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> CloverModel:
         from ..checkpoint import load_tensors
+
         config, tensors = load_tensors(model_dir)
         return cls.from_tensors(config, tensors, dtype)
 
     @classmethod
-    def from_tensors(cls, config: CloverConfig, tensors: dict, dtype: torch.dtype = torch.float32) -> "CloverModel":
+    def from_tensors(cls, config: CloverConfig, tensors: dict, dtype: torch.dtype = torch.float32) -> CloverModel:
         with torch.device("meta"):
             m = cls(config)
         sd = {k: v.to(dtype) for k, v in sanitize(config, tensors).items()}
@@ -276,8 +277,7 @@ class CloverModel(nn.Module):
     # ---- state ---------------------------------------------------------------------------
     def init_state(self, batch: int = 1) -> list[torch.Tensor]:
         c = self.config
-        return [torch.zeros(batch, c.num_key_value_heads, c.head_dim, c.head_dim)
-                for _ in range(c.num_hidden_layers)]
+        return [torch.zeros(batch, c.num_key_value_heads, c.head_dim, c.head_dim) for _ in range(c.num_hidden_layers)]
 
     # ---- core ----------------------------------------------------------------------------
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -293,8 +293,9 @@ class CloverModel(nn.Module):
         for i, layer in enumerate(self.layers):
             u, Q, K, V = layer.project(x, valid)
             if init is not None:
-                k, v, g, beta = layer.memory_inputs(u[:n_clean], K[:n_clean], V[:n_clean],
-                                                    None if valid is None else valid[:n_clean])
+                k, v, g, beta = layer.memory_inputs(
+                    u[:n_clean], K[:n_clean], V[:n_clean], None if valid is None else valid[:n_clean]
+                )
                 S, final = chunked_scan(init[i], k, v, g, beta)
                 finals.append(final)
                 S = S.repeat(tokens.shape[0] // n_clean, 1, 1, 1, 1)
@@ -328,8 +329,9 @@ class CloverModel(nn.Module):
         return self._logits(x)[:, 0], new
 
     @torch.no_grad()
-    def prefill(self, tokens: torch.Tensor, block_size: int, state=None, pos0: int = 0,
-                mode: str = "parallel") -> list[torch.Tensor]:
+    def prefill(
+        self, tokens: torch.Tensor, block_size: int, state=None, pos0: int = 0, mode: str = "parallel"
+    ) -> list[torch.Tensor]:
         """Commit a prompt [N, T] in blocks of block_size (the last may be shorter)."""
         N, T = tokens.shape
         state = state if state is not None else self.init_state(N)
@@ -337,7 +339,7 @@ class CloverModel(nn.Module):
             return state
         if mode == "blockwise":
             for s in range(0, T, block_size):
-                _, state = self.commit(tokens[:, s: s + block_size], pos0 + s, state)
+                _, state = self.commit(tokens[:, s : s + block_size], pos0 + s, state)
             return state
         if mode != "parallel":
             raise ValueError(f"prefill mode must be 'parallel' or 'blockwise', not {mode!r}")
@@ -360,8 +362,13 @@ class CloverModel(nn.Module):
             raise ValueError(f"noisy rows ({noisy.shape[0]}) must be a multiple of clean rows ({N})")
         rep = 1 + noisy.shape[0] // N
         tok = torch.cat([clean, noisy])
-        h, _ = self._run(tok, pos.repeat(rep, 1, 1), None if valid is None else valid.repeat(rep, 1, 1),
-                         init=self.init_state(N), n_clean=N)
+        h, _ = self._run(
+            tok,
+            pos.repeat(rep, 1, 1),
+            None if valid is None else valid.repeat(rep, 1, 1),
+            init=self.init_state(N),
+            n_clean=N,
+        )
         h = h[N:]
         if select is not None:
             h = h[select]
@@ -375,8 +382,10 @@ def sanitize(config: CloverConfig, tensors: dict[str, torch.Tensor]) -> dict[str
     for i in range(config.num_hidden_layers):
         if HF_EXPERT_FUSED_DOWN.format(bid=i) in out:
             continue
-        st = {p: torch.stack([out.pop(HF_EXPERT_PER.format(bid=i, xid=x, proj=p))
-                              for x in range(config.num_experts)]) for p in EXPERT_PROJS}
+        st = {
+            p: torch.stack([out.pop(HF_EXPERT_PER.format(bid=i, xid=x, proj=p)) for x in range(config.num_experts)])
+            for p in EXPERT_PROJS
+        }
         out[HF_EXPERT_FUSED_GATE_UP.format(bid=i)] = torch.cat([st["gate"], st["up"]], 1)
         out[HF_EXPERT_FUSED_DOWN.format(bid=i)] = st["down"]
     return out

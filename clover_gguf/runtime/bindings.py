@@ -20,16 +20,19 @@ class RuntimeNotBuilt(RuntimeError):
     """llama-cpp-python with the Clover patches is not installed in this environment."""
 
 
-HINT = ("build it with `clover-gguf runtime build` (or `python scripts/build_runtime.py`), "
-        "which applies patches/*.patch to llama-cpp-python 0.3.36 and installs it here")
+HINT = (
+    "build it with `clover-gguf runtime build` (or `python scripts/build_runtime.py`), "
+    "which applies patches/*.patch to llama-cpp-python 0.3.36 and installs it here"
+)
 
 
 # --------------------------------------------------------------------------- C structs
 
+
 class clover_gen_params(ctypes.Structure):
     _fields_ = [
         ("block_size", ctypes.c_int32),
-        ("steps", ctypes.c_int32),          # 0 = use threshold
+        ("steps", ctypes.c_int32),  # 0 = use threshold
         ("threshold", ctypes.c_float),
         ("temperature", ctypes.c_float),
         ("top_k", ctypes.c_int32),
@@ -53,8 +56,9 @@ class clover_block_stats(ctypes.Structure):
 clover_block_cb = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(clover_block_stats), ctypes.c_void_p)
 
 
-clover_step_cb = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_int32, ctypes.c_int32,
-                                  ctypes.POINTER(llama_token), ctypes.c_int32, ctypes.c_void_p)
+clover_step_cb = ctypes.CFUNCTYPE(
+    ctypes.c_bool, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(llama_token), ctypes.c_int32, ctypes.c_void_p
+)
 
 
 class clover_perf(ctypes.Structure):
@@ -75,6 +79,7 @@ class llama_model_tensor_buft_override(ctypes.Structure):
 
 # --------------------------------------------------------------------------- loading
 
+
 class _Lib:
     """The bound functions: `lc` is llama_cpp.llama_cpp, the clover_* functions are attributes."""
 
@@ -92,19 +97,42 @@ class _Lib:
             "clover_gen_default_params": ([], clover_gen_params),
             "clover_reset": ([ctx_p], ctypes.c_int32),
             "clover_commit": ([ctx_p, tok_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
-            "clover_block_logits": ([ctx_p, tok_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_float)],
-                                    ctypes.c_int32),
-            "clover_generate": ([ctx_p, tok_p, ctypes.c_int32, clover_gen_params, tok_p,
-                                 ctypes.c_int32, clover_block_cb, ctypes.c_void_p], ctypes.c_int32),
-            "clover_get_state": ([ctx_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_float),
-                                  ctypes.c_size_t], ctypes.c_int32),
+            "clover_block_logits": ([ctx_p, tok_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_float)], ctypes.c_int32),
+            "clover_generate": (
+                [
+                    ctx_p,
+                    tok_p,
+                    ctypes.c_int32,
+                    clover_gen_params,
+                    tok_p,
+                    ctypes.c_int32,
+                    clover_block_cb,
+                    ctypes.c_void_p,
+                ],
+                ctypes.c_int32,
+            ),
+            "clover_get_state": (
+                [ctx_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t],
+                ctypes.c_int32,
+            ),
         }
         optional = {  # in helper-1's clover.h beyond the core API; bound when exported
             "clover_model_block_size": ([ctypes.c_void_p], ctypes.c_int32),
             "clover_n_committed": ([ctx_p], ctypes.c_int32),
-            "clover_generate_ex": ([ctx_p, tok_p, ctypes.c_int32, clover_gen_params, tok_p,
-                                    ctypes.c_int32, clover_block_cb, clover_step_cb, ctypes.c_void_p],
-                                   ctypes.c_int32),
+            "clover_generate_ex": (
+                [
+                    ctx_p,
+                    tok_p,
+                    ctypes.c_int32,
+                    clover_gen_params,
+                    tok_p,
+                    ctypes.c_int32,
+                    clover_block_cb,
+                    clover_step_cb,
+                    ctypes.c_void_p,
+                ],
+                ctypes.c_int32,
+            ),
             "clover_get_perf": ([ctx_p, ctypes.POINTER(clover_perf)], ctypes.c_int32),
         }
         for table, required in ((sigs, True), (optional, False)):
@@ -119,8 +147,10 @@ class _Lib:
                 fn.argtypes, fn.restype = argtypes, restype
                 setattr(self, name, fn)
         if missing:
-            raise RuntimeNotBuilt(f"{self.lib_path} does not export {', '.join(missing)}: the "
-                                  f"installed llama-cpp-python is not the patched one; {HINT}")
+            raise RuntimeNotBuilt(
+                f"{self.lib_path} does not export {', '.join(missing)}: the "
+                f"installed llama-cpp-python is not the patched one; {HINT}"
+            )
         self._cpu_buft = None
 
     # ggml pieces ---------------------------------------------------------------------
@@ -128,8 +158,7 @@ class _Lib:
         """ggml_backend_cpu_buffer_type() from libggml-cpu next to libllama."""
         if self._cpu_buft is None:
             d = self.lib_path.parent
-            cpu = ctypes.CDLL(str(d / "libggml-cpu.so") if (d / "libggml-cpu.so").exists()
-                              else "libggml-cpu.so")
+            cpu = ctypes.CDLL(str(d / "libggml-cpu.so") if (d / "libggml-cpu.so").exists() else "libggml-cpu.so")
             fn = cpu.ggml_backend_cpu_buffer_type
             fn.argtypes, fn.restype = [], ctypes.c_void_p
             self._cpu_buft = fn()
@@ -184,8 +213,15 @@ def model_params(lib: _Lib, n_gpu_layers: int = 0, experts_on_cpu: bool = False,
     return p
 
 
-def context_params(lib: _Lib, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
-                   n_threads_batch: int | None = None, n_seq_max: int = 1):
+def context_params(
+    lib: _Lib,
+    n_ctx: int,
+    n_batch: int,
+    n_ubatch: int,
+    n_threads: int,
+    n_threads_batch: int | None = None,
+    n_seq_max: int = 1,
+):
     lc = lib.lc
     p = lc.llama_context_default_params()
     p.n_ctx, p.n_batch, p.n_ubatch = int(n_ctx), int(n_batch), int(n_ubatch)

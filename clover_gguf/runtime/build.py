@@ -31,6 +31,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from ..util import REPO_ROOT, sha256_file
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -39,8 +40,14 @@ SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 DEFAULT_CUDA_ARCHS = "86;89;120;80;90;100"
 CPU_TARGETS = ("llama", "ggml", "llama-clover-cli", "test-backend-ops", "test-clover")
 BINARIES = ("llama-clover-cli", "test-backend-ops", "test-clover")
-CLOVER_SYMBOLS = ("clover_gen_default_params", "clover_reset", "clover_commit",
-                  "clover_block_logits", "clover_generate", "clover_get_state")
+CLOVER_SYMBOLS = (
+    "clover_gen_default_params",
+    "clover_reset",
+    "clover_commit",
+    "clover_block_logits",
+    "clover_generate",
+    "clover_get_state",
+)
 STAMP_VERSION = 1
 
 PATCH_DIR = REPO_ROOT / "patches"
@@ -51,6 +58,7 @@ class BuildError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- paths
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("CLOVER_GGUF_CACHE") or Path.home() / ".cache" / "clover-gguf")
@@ -67,8 +75,15 @@ def runtime_paths(root: str | Path | None = None) -> dict:
     None before the first build), plus root, src_dir and the installed llama_cpp lib dir
     (llama_cpp_lib_dir, None when llama_cpp is not installed)."""
     root = Path(root) if root else runtime_root()
-    info = {"root": root, "lib_dir": root / "lib", "bin_dir": root / "bin", "src_dir": root / "src",
-            "stamp": None, "build_dir": None, "llama_cpp_lib_dir": installed_llama_cpp_lib_dir()}
+    info = {
+        "root": root,
+        "lib_dir": root / "lib",
+        "bin_dir": root / "bin",
+        "src_dir": root / "src",
+        "stamp": None,
+        "build_dir": None,
+        "llama_cpp_lib_dir": installed_llama_cpp_lib_dir(),
+    }
     rj = root / "runtime.json"
     if rj.exists():
         try:
@@ -94,6 +109,7 @@ def installed_llama_cpp_lib_dir() -> Path | None:
 
 # --------------------------------------------------------------------------- helpers
 
+
 def _log(msg: str) -> None:
     print(f"[build-runtime] {msg}", flush=True)
 
@@ -109,11 +125,11 @@ def series_hash(patches: list[Path]) -> str:
     return h.hexdigest()
 
 
-def _run(cmd: list[str], cwd: Path | None = None, env: dict | None = None, what: str = "",
-         capture: bool = False) -> subprocess.CompletedProcess:
+def _run(
+    cmd: list[str], cwd: Path | None = None, env: dict | None = None, what: str = "", capture: bool = False
+) -> subprocess.CompletedProcess:
     _log("$ " + " ".join(str(c) for c in cmd))
-    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, text=True,
-                       capture_output=capture)
+    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, text=True, capture_output=capture)
     if r.returncode != 0:
         tail = ""
         if capture:
@@ -139,6 +155,7 @@ def find_ccache() -> str | None:
 
 # --------------------------------------------------------------------------- steps
 
+
 def fetch_sdist(dest: Path | None = None) -> Path:
     """The llama-cpp-python sdist, downloaded with pip into the cache (or taken from
     $CLOVER_GGUF_SDIST), sha256-checked."""
@@ -150,9 +167,21 @@ def fetch_sdist(dest: Path | None = None) -> Path:
         dest.mkdir(parents=True, exist_ok=True)
         path = dest / SDIST_NAME
         if not path.exists() or sha256_file(path) != SDIST_SHA256:
-            _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                  f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", dest],
-                 what="pip download llama-cpp-python")
+            _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    ":all:",
+                    f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+                    "-d",
+                    dest,
+                ],
+                what="pip download llama-cpp-python",
+            )
     if not path.exists():
         raise BuildError(f"sdist not found at {path}")
     got = sha256_file(path)
@@ -212,14 +241,14 @@ def apply_patches(tree: Path, patches: list[Path], check_only: bool = False) -> 
     for i, p in enumerate(patches):
         extra = ["--directory=vendor/llama.cpp"] if _relative_to_llama_cpp(tree, _patch_paths(p)) else []
         base = ["git", "apply", "--whitespace=nowarn"] + extra
-        r = subprocess.run(base + ["--check", str(p)], cwd=tree, env=_git_env(tree), text=True,
-                           capture_output=True)
+        r = subprocess.run(base + ["--check", str(p)], cwd=tree, env=_git_env(tree), text=True, capture_output=True)
         if r.returncode == 0 and not check_only:
-            r = subprocess.run(base + [str(p)], cwd=tree, env=_git_env(tree), text=True,
-                               capture_output=True)
+            r = subprocess.run(base + [str(p)], cwd=tree, env=_git_env(tree), text=True, capture_output=True)
         if r.returncode != 0:
-            raise BuildError(f"patch {p.name} does not apply to a fresh {SDIST_NAME} unpack "
-                             f"after {i} earlier patch(es) of the series:\n{r.stderr.strip()}")
+            raise BuildError(
+                f"patch {p.name} does not apply to a fresh {SDIST_NAME} unpack "
+                f"after {i} earlier patch(es) of the series:\n{r.stderr.strip()}"
+            )
         if not check_only:
             _log(f"applied {p.name}")
 
@@ -251,15 +280,19 @@ class BuildOptions:
     cuda: bool = False
     cuda_archs: str = DEFAULT_CUDA_ARCHS
     jobs: int | None = None
-    targets: tuple[str, ...] | None = None   # None: CPU_TARGETS (+ ggml-cuda)
+    targets: tuple[str, ...] | None = None  # None: CPU_TARGETS (+ ggml-cuda)
     force: bool = False
-    install: bool = True                     # pip-install the Python package + copy the libs
+    install: bool = True  # pip-install the Python package + copy the libs
     extra_cmake_args: tuple[str, ...] = ()
     ccache: bool = True
 
     def key(self) -> dict:
-        return {"cuda": self.cuda, "cuda_archs": self.cuda_archs if self.cuda else None,
-                "targets": list(self.resolved_targets()), "extra": list(self.extra_cmake_args)}
+        return {
+            "cuda": self.cuda,
+            "cuda_archs": self.cuda_archs if self.cuda else None,
+            "targets": list(self.resolved_targets()),
+            "extra": list(self.extra_cmake_args),
+        }
 
     def resolved_targets(self) -> tuple[str, ...]:
         if self.targets:
@@ -268,20 +301,34 @@ class BuildOptions:
 
 
 def cmake_args(src: Path, build: Path, opts: BuildOptions) -> list[str]:
-    args = ["cmake", "-S", src / "vendor" / "llama.cpp", "-B", build, "-G", "Ninja",
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=OFF",
-            "-DLLAMA_BUILD_COMMON=ON", "-DLLAMA_BUILD_TESTS=ON",
-            "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-            "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
-            "-DLLAMA_BUILD_CLOVER=ON",  # tools/clover-cli (llama-clover-cli), from the patches
-            # the libraries are copied next to each other (lib/, llama_cpp/lib) and the
-            # programs to bin/: find them through $ORIGIN wherever they end up
-            "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN;$ORIGIN/../lib"]
+    args = [
+        "cmake",
+        "-S",
+        src / "vendor" / "llama.cpp",
+        "-B",
+        build,
+        "-G",
+        "Ninja",
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DBUILD_SHARED_LIBS=ON",
+        "-DGGML_NATIVE=OFF",
+        "-DLLAMA_BUILD_COMMON=ON",
+        "-DLLAMA_BUILD_TESTS=ON",
+        "-DLLAMA_BUILD_TOOLS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_BUILD_APP=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_BUILD_CLOVER=ON",  # tools/clover-cli (llama-clover-cli), from the patches
+        # the libraries are copied next to each other (lib/, llama_cpp/lib) and the
+        # programs to bin/: find them through $ORIGIN wherever they end up
+        "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+        "-DCMAKE_INSTALL_RPATH=$ORIGIN;$ORIGIN/../lib",
+    ]
     cc = find_ccache() if opts.ccache else None
     if cc:
-        args += ["-DGGML_CCACHE=OFF", f"-DCMAKE_C_COMPILER_LAUNCHER={cc}",
-                 f"-DCMAKE_CXX_COMPILER_LAUNCHER={cc}"]
+        args += ["-DGGML_CCACHE=OFF", f"-DCMAKE_C_COMPILER_LAUNCHER={cc}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={cc}"]
         if opts.cuda:
             args.append(f"-DCMAKE_CUDA_COMPILER_LAUNCHER={cc}")
     else:
@@ -302,8 +349,7 @@ def _build_env(root: Path) -> dict:
 
 
 def _ninja_targets(build: Path) -> set[str]:
-    r = subprocess.run(["ninja", "-C", str(build), "-t", "targets", "all"], text=True,
-                       capture_output=True)
+    r = subprocess.run(["ninja", "-C", str(build), "-t", "targets", "all"], text=True, capture_output=True)
     return {line.split(":")[0] for line in r.stdout.splitlines()}
 
 
@@ -338,10 +384,12 @@ def install_python_package(src: Path, build: Path) -> Path:
     env.pop("LLAMA_CPP_LIB_PATH", None)
     # uninstall first rather than --force-reinstall, which would also reinstall numpy & co.;
     # its few pure-Python deps (diskcache, typing-extensions, jinja2, numpy) are installed if missing
-    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "llama_cpp_python"],
-                   capture_output=True, text=True)
-    _run([sys.executable, "-m", "pip", "install", "--no-cache-dir", str(src)], env=env,
-         what="pip install llama-cpp-python (Python package only)")
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "llama_cpp_python"], capture_output=True, text=True)
+    _run(
+        [sys.executable, "-m", "pip", "install", "--no-cache-dir", str(src)],
+        env=env,
+        what="pip install llama-cpp-python (Python package only)",
+    )
     lib = installed_llama_cpp_lib_dir()
     if lib is None:
         raise BuildError("llama_cpp is not importable after pip install")
@@ -353,14 +401,15 @@ def install_python_package(src: Path, build: Path) -> Path:
 
 def verify_install(require_clover: bool) -> dict:
     """Import llama_cpp in a fresh interpreter and look up the clover_* symbols in libllama."""
-    code = ("import json, llama_cpp\nfrom llama_cpp.llama_cpp import _lib\n"
-            f"syms = {list(CLOVER_SYMBOLS)!r}\n"
-            "print(json.dumps({'version': llama_cpp.__version__, 'lib': getattr(_lib, '_name', ''),"
-            " 'missing': [s for s in syms if not hasattr(_lib, s)]}))")
+    code = (
+        "import json, llama_cpp\nfrom llama_cpp.llama_cpp import _lib\n"
+        f"syms = {list(CLOVER_SYMBOLS)!r}\n"
+        "print(json.dumps({'version': llama_cpp.__version__, 'lib': getattr(_lib, '_name', ''),"
+        " 'missing': [s for s in syms if not hasattr(_lib, s)]}))"
+    )
     env = dict(os.environ)
     env.pop("LLAMA_CPP_LIB_PATH", None)
-    r = subprocess.run([sys.executable, "-c", code], text=True, capture_output=True, env=env,
-                       cwd=str(Path.home()))
+    r = subprocess.run([sys.executable, "-c", code], text=True, capture_output=True, env=env, cwd=str(Path.home()))
     if r.returncode != 0:
         raise BuildError(f"`import llama_cpp` fails after the install:\n{r.stderr[-3000:]}")
     info = json.loads(r.stdout.strip().splitlines()[-1])
@@ -373,6 +422,7 @@ def verify_install(require_clover: bool) -> dict:
 
 
 # --------------------------------------------------------------------------- main entry
+
 
 @dataclass
 class BuildResult:
@@ -388,15 +438,28 @@ class BuildResult:
     patches: list[str] = field(default_factory=list)
 
 
-def build_runtime(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = None,
-                  force: bool = False, targets: list[str] | tuple[str, ...] | None = None,
-                  install: bool = True, root: str | Path | None = None,
-                  patch_dir: str | Path | None = None, extra_cmake_args=()) -> BuildResult:
+def build_runtime(
+    cuda: bool = False,
+    cuda_archs: str | None = None,
+    jobs: int | None = None,
+    force: bool = False,
+    targets: list[str] | tuple[str, ...] | None = None,
+    install: bool = True,
+    root: str | Path | None = None,
+    patch_dir: str | Path | None = None,
+    extra_cmake_args=(),
+) -> BuildResult:
     """Fetch, patch, build and install the runtime (see the module docstring). Skips the
     compile when the sdist, the patch series and the options match the build dir's stamp."""
-    opts = BuildOptions(cuda=cuda, cuda_archs=cuda_archs or DEFAULT_CUDA_ARCHS, jobs=jobs,
-                        targets=tuple(targets) if targets else None, force=force, install=install,
-                        extra_cmake_args=tuple(extra_cmake_args))
+    opts = BuildOptions(
+        cuda=cuda,
+        cuda_archs=cuda_archs or DEFAULT_CUDA_ARCHS,
+        jobs=jobs,
+        targets=tuple(targets) if targets else None,
+        force=force,
+        install=install,
+        extra_cmake_args=tuple(extra_cmake_args),
+    )
     root = Path(root) if root else runtime_root()
     root.mkdir(parents=True, exist_ok=True)
     pdir = Path(patch_dir) if patch_dir else PATCH_DIR
@@ -411,10 +474,14 @@ def build_runtime(cuda: bool = False, cuda_archs: str | None = None, jobs: int |
     t = time.perf_counter()
     sdist = fetch_sdist()
     times["fetch"] = time.perf_counter() - t
-    stamp = {"version": STAMP_VERSION, "sdist_sha256": SDIST_SHA256,
-             "patches": [p.name for p in patches], "series_sha256": series_hash(patches),
-             "options": opts.key(),
-             "cmake_args": [a for a in cmake_args(src, build, opts) if "LAUNCHER" not in a]}
+    stamp = {
+        "version": STAMP_VERSION,
+        "sdist_sha256": SDIST_SHA256,
+        "patches": [p.name for p in patches],
+        "series_sha256": series_hash(patches),
+        "options": opts.key(),
+        "cmake_args": [a for a in cmake_args(src, build, opts) if "LAUNCHER" not in a],
+    }
     _log(f"sdist {sdist} (sha256 ok); {len(patches)} patch(es) in {pdir}")
 
     old = None
@@ -424,8 +491,12 @@ def build_runtime(cuda: bool = False, cuda_archs: str | None = None, jobs: int |
         except ValueError:
             old = None
     partial = opts.targets is not None and "llama" not in opts.targets  # e.g. --targets ggml-cuda
-    up_to_date = (not force and old is not None and {k: old.get(k) for k in stamp} == stamp
-                  and (partial or _same_file(lib_dir / "libllama.so", build / "bin" / "libllama.so")))
+    up_to_date = (
+        not force
+        and old is not None
+        and {k: old.get(k) for k in stamp} == stamp
+        and (partial or _same_file(lib_dir / "libllama.so", build / "bin" / "libllama.so"))
+    )
     if up_to_date:
         _log(f"up to date (stamp {stamp_path}); --force rebuilds")
     else:
@@ -456,8 +527,7 @@ def build_runtime(cuda: bool = False, cuda_archs: str | None = None, jobs: int |
         if missing:
             _log(f"warning: no target(s) {', '.join(missing)} in this tree; building {', '.join(tg)}")
         t = time.perf_counter()
-        _run(["ninja", "-C", build] + (["-j", str(jobs)] if jobs else []) + tg, env=env,
-             what="ninja build")
+        _run(["ninja", "-C", build] + (["-j", str(jobs)] if jobs else []) + tg, env=env, what="ninja build")
         times["compile"] = time.perf_counter() - t
 
         if not partial and (build / "bin" / "libllama.so").exists():
@@ -473,12 +543,26 @@ def build_runtime(cuda: bool = False, cuda_archs: str | None = None, jobs: int |
         times["total"] = time.perf_counter() - t_all
         _log(f"partial build ({', '.join(opts.resolved_targets())}) in {build}: not installed")
         _log("  seconds            " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
-        return BuildResult(root, src, build, lib_dir, bin_dir, llama_lib, stamp_path, up_to_date,
-                           {k: round(v, 1) for k, v in times.items()}, [p.name for p in patches])
+        return BuildResult(
+            root,
+            src,
+            build,
+            lib_dir,
+            bin_dir,
+            llama_lib,
+            stamp_path,
+            up_to_date,
+            {k: round(v, 1) for k, v in times.items()},
+            [p.name for p in patches],
+        )
     if install and (lib_dir / "libllama.so").exists():
         t = time.perf_counter()
-        needs = (not up_to_date or llama_lib is None or not (llama_lib / "libllama.so").exists()
-                 or sha256_file(llama_lib / "libllama.so") != sha256_file(lib_dir / "libllama.so"))
+        needs = (
+            not up_to_date
+            or llama_lib is None
+            or not (llama_lib / "libllama.so").exists()
+            or sha256_file(llama_lib / "libllama.so") != sha256_file(lib_dir / "libllama.so")
+        )
         if needs:
             llama_lib = install_python_package(src, build)
         info = verify_install(require_clover=bool(patches))
@@ -486,11 +570,31 @@ def build_runtime(cuda: bool = False, cuda_archs: str | None = None, jobs: int |
         _log(f"llama_cpp {info['version']} imports; libllama: {info['lib']}")
     times["total"] = time.perf_counter() - t_all
 
-    (root / "runtime.json").write_text(json.dumps(
-        {"lib_dir": str(lib_dir), "bin_dir": str(bin_dir), "stamp": str(stamp_path),
-         "build_dir": str(build), "src_dir": str(src), "cuda": cuda}, indent=1))
-    res = BuildResult(root, src, build, lib_dir, bin_dir, llama_lib, stamp_path, up_to_date,
-                      {k: round(v, 1) for k, v in times.items()}, [p.name for p in patches])
+    (root / "runtime.json").write_text(
+        json.dumps(
+            {
+                "lib_dir": str(lib_dir),
+                "bin_dir": str(bin_dir),
+                "stamp": str(stamp_path),
+                "build_dir": str(build),
+                "src_dir": str(src),
+                "cuda": cuda,
+            },
+            indent=1,
+        )
+    )
+    res = BuildResult(
+        root,
+        src,
+        build,
+        lib_dir,
+        bin_dir,
+        llama_lib,
+        stamp_path,
+        up_to_date,
+        {k: round(v, 1) for k, v in times.items()},
+        [p.name for p in patches],
+    )
     _log("runtime:")
     for k in ("src_dir", "build_dir", "lib_dir", "bin_dir", "llama_cpp_lib_dir", "stamp"):
         _log(f"  {k:18s} {getattr(res, k)}")

@@ -14,18 +14,17 @@ reference).
 from __future__ import annotations
 
 import ctypes
-import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
 from ..reference.generate import BlockStats, GenerationConfig, GenerationResult
+from ..util import default_threads
 from . import bindings as B
 from .bindings import RuntimeNotBuilt  # noqa: F401  (re-exported)
-from ..util import default_threads
 
 
 class RuntimeError_(RuntimeError):
@@ -35,9 +34,17 @@ class RuntimeError_(RuntimeError):
 class CloverRuntime:
     """One model + one context (one sequence). Not thread-safe."""
 
-    def __init__(self, gguf_path: str | Path, n_threads: int | None = None, n_gpu_layers: int = 0,
-                 experts_on_cpu: bool = False, n_ctx: int = 0, n_batch: int | None = None,
-                 n_ubatch: int | None = None, quiet: bool = True):
+    def __init__(
+        self,
+        gguf_path: str | Path,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        experts_on_cpu: bool = False,
+        n_ctx: int = 0,
+        n_batch: int | None = None,
+        n_ubatch: int | None = None,
+        quiet: bool = True,
+    ):
         self.path = Path(gguf_path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such GGUF file")
@@ -48,8 +55,7 @@ class CloverRuntime:
         mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep)
         self.model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self.model:
-            raise RuntimeError_(f"llama.cpp could not load {self.path} (set CLOVER_GGUF_VERBOSE=1 "
-                                "for its log)")
+            raise RuntimeError_(f"llama.cpp could not load {self.path} (set CLOVER_GGUF_VERBOSE=1 for its log)")
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_layer = lc.llama_model_n_layer(self.model)
@@ -65,8 +71,7 @@ class CloverRuntime:
         if n_ctx and n_ctx < ub:
             n_ctx = ub
         self.n_ubatch, self.n_batch = ub, nb
-        cp = B.context_params(self._lib, n_ctx=n_ctx, n_batch=nb, n_ubatch=ub,
-                              n_threads=self.n_threads, n_seq_max=1)
+        cp = B.context_params(self._lib, n_ctx=n_ctx, n_batch=nb, n_ubatch=ub, n_threads=self.n_threads, n_seq_max=1)
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
             lc.llama_model_free(self.model)
@@ -147,8 +152,9 @@ class CloverRuntime:
             size = -n + 1
         raise RuntimeError_("llama_detokenize failed")
 
-    def chat_prompt(self, messages: list[dict], enable_thinking: bool = False,
-                    add_generation_prompt: bool = True, **kwargs) -> str:
+    def chat_prompt(
+        self, messages: list[dict], enable_thinking: bool = False, add_generation_prompt: bool = True, **kwargs
+    ) -> str:
         """Render the GGUF's chat template (tokenizer.chat_template) with jinja2, the same
         renderer as clover_gguf.tokenizer."""
         from ..tokenizer import render_chat_template
@@ -163,10 +169,15 @@ class CloverRuntime:
                 return None
             return self.detokenize([i], unparse_special=True)
 
-        return render_chat_template(tpl, messages=messages, add_generation_prompt=add_generation_prompt,
-                                enable_thinking=enable_thinking,
-                                bos_token=tok_text(lc.llama_vocab_bos(self.vocab)),
-                                eos_token=tok_text(lc.llama_vocab_eos(self.vocab)), **kwargs)
+        return render_chat_template(
+            tpl,
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            bos_token=tok_text(lc.llama_vocab_bos(self.vocab)),
+            eos_token=tok_text(lc.llama_vocab_eos(self.vocab)),
+            **kwargs,
+        )
 
     # ---------------------------------------------------------------- memory / blocks
     def _check(self, rc: int, what: str) -> int:
@@ -189,10 +200,8 @@ class CloverRuntime:
             return
         bs = int(block_size or self.default_block_size)
         if bs > self.n_ubatch:
-            raise ValueError(f"block_size {bs} > n_ubatch {self.n_ubatch}: create the runtime "
-                             f"with n_ubatch >= {bs}")
-        self._check(self._lib.clover_commit(self.ctx, B.token_ptr(tokens), len(tokens), bs),
-                    "clover_commit")
+            raise ValueError(f"block_size {bs} > n_ubatch {self.n_ubatch}: create the runtime with n_ubatch >= {bs}")
+        self._check(self._lib.clover_commit(self.ctx, B.token_ptr(tokens), len(tokens), bs), "clover_commit")
 
     def block_logits_np(self, block) -> np.ndarray:
         """Logits [L, V] float32 of the block at the next position; the memory is untouched."""
@@ -202,8 +211,7 @@ class CloverRuntime:
             raise ValueError(f"block of {L} > n_ubatch {self.n_ubatch}")
         out = np.empty((L, self.n_vocab), dtype=np.float32)
         ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        self._check(self._lib.clover_block_logits(self.ctx, B.token_ptr(block), L, ptr),
-                    "clover_block_logits")
+        self._check(self._lib.clover_block_logits(self.ctx, B.token_ptr(block), L, ptr), "clover_block_logits")
         return out
 
     def block_logits(self, block) -> torch.Tensor:
@@ -217,8 +225,9 @@ class CloverRuntime:
             n = self._check(f(self.ctx, layer, None, 0), f"clover_get_state({layer})")
             self._state_sizes[layer] = n
         out = np.empty((n,), dtype=np.float32)
-        self._check(f(self.ctx, layer, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n),
-                    f"clover_get_state({layer})")
+        self._check(
+            f(self.ctx, layer, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n), f"clover_get_state({layer})"
+        )
         hkv = max(1, int(self._lib.lc.llama_model_n_head_kv(self.model)))
         D = int(round((n // hkv) ** 0.5))
         if D * D * hkv != n:
@@ -241,9 +250,12 @@ class CloverRuntime:
         p.max_new_tokens = int(cfg.max_new_tokens)
         return p
 
-    def generate(self, prompt_ids, cfg: GenerationConfig | None = None,
-                 on_block: Callable[[list[int], BlockStats], bool | None] | None = None
-                 ) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids,
+        cfg: GenerationConfig | None = None,
+        on_block: Callable[[list[int], BlockStats], bool | None] | None = None,
+    ) -> GenerationResult:
         """One clover_generate call: reset, prefill, blocks until max_new_tokens or EOS.
         The mask and EOS tokens are the GGUF's (cfg.mask_token_id/eos_token_id are not used).
         on_block(tokens, stats) runs after each block; returning False stops."""
@@ -259,9 +271,13 @@ class CloverRuntime:
             try:
                 s = stats_p.contents
                 n = s.n_steps
-                st = BlockStats(index=s.block_index, n_tokens=s.n_tokens, steps=n,
-                                tokens_per_step=[int(s.tokens_per_step[i]) for i in range(n)],
-                                ms_per_step=[float(s.ms_per_step[i]) for i in range(n)])
+                st = BlockStats(
+                    index=s.block_index,
+                    n_tokens=s.n_tokens,
+                    steps=n,
+                    tokens_per_step=[int(s.tokens_per_step[i]) for i in range(n)],
+                    ms_per_step=[float(s.ms_per_step[i]) for i in range(n)],
+                )
                 blocks.append(st)
                 if on_block is not None:
                     toks = [int(s.tokens[i]) for i in range(s.n_tokens)]
@@ -275,8 +291,9 @@ class CloverRuntime:
         n_out = max(1, cfg.max_new_tokens)
         out = (B.llama_token * n_out)()
         t0 = time.perf_counter()
-        n = self._lib.clover_generate(self.ctx, B.token_ptr(prompt), len(prompt), self.gen_params(cfg),
-                                      out, n_out, c_cb, None)
+        n = self._lib.clover_generate(
+            self.ctx, B.token_ptr(prompt), len(prompt), self.gen_params(cfg), out, n_out, c_cb, None
+        )
         total_ms = (time.perf_counter() - t0) * 1e3
         if err:
             raise err[0]

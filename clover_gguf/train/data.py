@@ -37,8 +37,8 @@ EXCLUDED_DIR_NAMES = frozenset({"test", "tests", "idle_test", "site-packages", "
 
 # Held-out selection rule (see select_heldout_units).
 HELDOUT_TARGET_FRACTION = 0.05
-HELDOUT_TOLERANCE = 0.0025          # accept a selection within 5 % +- 0.25 %
-HELDOUT_MAX_UNIT_FRACTION = 0.01    # no single unit above 1 % of the corpus (keeps it a mix)
+HELDOUT_TOLERANCE = 0.0025  # accept a selection within 5 % +- 0.25 %
+HELDOUT_MAX_UNIT_FRACTION = 0.01  # no single unit above 1 % of the corpus (keeps it a mix)
 HELDOUT_SALT = "clover-heldout-v1"
 # Mostly data, not code: never held out (they stay in training).
 HELDOUT_NEVER = frozenset({"encodings", "pydoc_data", "idlelib", "turtledemo", "this"})
@@ -49,6 +49,7 @@ class CorpusError(RuntimeError):
 
 
 # --- files -----------------------------------------------------------------------------
+
 
 def stdlib_root() -> Path:
     """The standard library directory of the running interpreter."""
@@ -106,8 +107,7 @@ def select_heldout_units(sizes: dict[str, int]) -> list[str]:
     units: dict[str, int] = {}
     for r, n in sizes.items():
         units[unit_of(r)] = units.get(unit_of(r), 0) + n
-    cands = [u for u, n in units.items()
-             if u not in HELDOUT_NEVER and n <= HELDOUT_MAX_UNIT_FRACTION * total]
+    cands = [u for u, n in units.items() if u not in HELDOUT_NEVER and n <= HELDOUT_MAX_UNIT_FRACTION * total]
     cands.sort(key=lambda u: hashlib.sha256(f"{HELDOUT_SALT}:{u}".encode()).hexdigest())
     lo = (HELDOUT_TARGET_FRACTION - HELDOUT_TOLERANCE) * total
     hi = (HELDOUT_TARGET_FRACTION + HELDOUT_TOLERANCE) * total
@@ -131,13 +131,18 @@ def build_heldout_manifest(root: Path | None = None) -> dict:
     held_bytes = sum(held.values())
     return {
         "description": "clover-tiny held-out stdlib modules: never used to train the tokenizer "
-                       "or the model. Paths are relative to sysconfig.get_paths()['stdlib'].",
+        "or the model. Paths are relative to sysconfig.get_paths()['stdlib'].",
         "python_version": python_version(),
-        "rule": {"salt": HELDOUT_SALT, "target_fraction": HELDOUT_TARGET_FRACTION,
-                 "tolerance": HELDOUT_TOLERANCE, "max_unit_fraction": HELDOUT_MAX_UNIT_FRACTION,
-                 "never": sorted(HELDOUT_NEVER),
-                 "corpus": "*.py under stdlib, excluding dirs " + ", ".join(sorted(EXCLUDED_DIR_NAMES))
-                           + f" and files > {MAX_FILE_BYTES} bytes"},
+        "rule": {
+            "salt": HELDOUT_SALT,
+            "target_fraction": HELDOUT_TARGET_FRACTION,
+            "tolerance": HELDOUT_TOLERANCE,
+            "max_unit_fraction": HELDOUT_MAX_UNIT_FRACTION,
+            "never": sorted(HELDOUT_NEVER),
+            "corpus": "*.py under stdlib, excluding dirs "
+            + ", ".join(sorted(EXCLUDED_DIR_NAMES))
+            + f" and files > {MAX_FILE_BYTES} bytes",
+        },
         "modules": units,
         "files": [{"path": r, "bytes": n} for r, n in sorted(held.items())],
         "heldout_bytes": held_bytes,
@@ -155,37 +160,41 @@ def write_heldout_manifest(path: Path = HELDOUT_MANIFEST, root: Path | None = No
     return m
 
 
-def load_heldout_manifest(path: Path = HELDOUT_MANIFEST, root: Path | None = None,
-                          check: bool = True) -> dict:
+def load_heldout_manifest(path: Path = HELDOUT_MANIFEST, root: Path | None = None, check: bool = True) -> dict:
     """Read the manifest; with ``check``, verify every listed file exists with its byte count
     and that the held-out modules have no files the manifest does not list."""
     path = Path(path)
     if not path.is_file():
-        raise CorpusError(f"held-out manifest not found: {path} "
-                          "(python scripts/train_tokenizer.py --write-manifest creates it)")
+        raise CorpusError(
+            f"held-out manifest not found: {path} (python scripts/train_tokenizer.py --write-manifest creates it)"
+        )
     m = json.loads(path.read_text())
     if not check:
         return m
     root = Path(root) if root else stdlib_root()
-    where = (f"(manifest {path} was made from Python {m.get('python_version')}; "
-             f"this is Python {python_version()} with stdlib {root})")
+    where = (
+        f"(manifest {path} was made from Python {m.get('python_version')}; "
+        f"this is Python {python_version()} with stdlib {root})"
+    )
     problems = []
     for f in m["files"]:
         p = root / f["path"]
         if not p.is_file():
             problems.append(f"missing held-out file: {f['path']}")
         elif p.stat().st_size != f["bytes"]:
-            problems.append(f"held-out file {f['path']}: {p.stat().st_size} bytes, "
-                            f"manifest says {f['bytes']}")
+            problems.append(f"held-out file {f['path']}: {p.stat().st_size} bytes, manifest says {f['bytes']}")
     listed = {f["path"] for f in m["files"]}
     units = set(m["modules"])
-    extra = [rel(p, root) for p in corpus_files(root)
-             if unit_of(rel(p, root)) in units and rel(p, root) not in listed]
+    extra = [rel(p, root) for p in corpus_files(root) if unit_of(rel(p, root)) in units and rel(p, root) not in listed]
     problems += [f"file of held-out module not in manifest: {r}" for r in extra]
     if problems:
-        raise CorpusError("held-out manifest does not match this stdlib " + where + ":\n  "
-                          + "\n  ".join(problems[:20])
-                          + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""))
+        raise CorpusError(
+            "held-out manifest does not match this stdlib "
+            + where
+            + ":\n  "
+            + "\n  ".join(problems[:20])
+            + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        )
     return m
 
 
@@ -216,6 +225,7 @@ def read_corpus(files: Sequence[Path]) -> list[str]:
 
 # --- token streams ---------------------------------------------------------------------
 
+
 def _stream_key(tokenizer, files: Sequence[Path]) -> str:
     h = hashlib.sha256()
     h.update(tokenizer.fingerprint().encode())
@@ -225,8 +235,7 @@ def _stream_key(tokenizer, files: Sequence[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def encode_files(tokenizer, files: Sequence[Path], cache_dir: Path | None = None,
-                 name: str = "corpus") -> np.ndarray:
+def encode_files(tokenizer, files: Sequence[Path], cache_dir: Path | None = None, name: str = "corpus") -> np.ndarray:
     """Token stream of ``files`` as int32: each file encoded on its own, ``<|endoftext|>``
     (tokenizer.eos_id) between consecutive files. With ``cache_dir`` the array is cached as
     ``{cache_dir}/{name}-{key}.npy``, key = hash(tokenizer.json, paths, sizes)."""
@@ -262,6 +271,7 @@ def heldout_tokens(tokenizer, cache_dir: Path | None = None) -> np.ndarray:
 
 # --- baselines -------------------------------------------------------------------------
 
+
 def unigram_entropy_bits(train_ids, heldout_ids, vocab_size: int | None = None) -> dict:
     """Unigram baselines in bits/token.
 
@@ -283,6 +293,12 @@ def unigram_entropy_bits(train_ids, heldout_ids, vocab_size: int | None = None) 
         p = c[c > 0] / c.sum()
         return float(-(p * np.log2(p)).sum())
 
-    return {"cross_entropy": cross, "heldout_entropy": ent(ch), "train_entropy": ent(ct),
-            "vocab_size": V, "n_train": int(tr.size), "n_heldout": int(ho.size),
-            "nats_cross_entropy": cross * math.log(2)}
+    return {
+        "cross_entropy": cross,
+        "heldout_entropy": ent(ch),
+        "train_entropy": ent(ct),
+        "vocab_size": V,
+        "n_train": int(tr.size),
+        "n_heldout": int(ho.size),
+        "nats_cross_entropy": cross * math.log(2),
+    }

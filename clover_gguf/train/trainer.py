@@ -34,6 +34,7 @@ LN2 = math.log(2.0)
 
 # --- initialisation ----------------------------------------------------------------------
 
+
 def init_weights(model: CloverModel, seed: int = 0, std: float = 0.02) -> CloverModel:
     """Initialise every parameter of a freshly built CloverModel (deterministic for a seed).
 
@@ -96,31 +97,31 @@ def new_model(config: CloverConfig, seed: int = 0) -> CloverModel:
 
 # --- batches -----------------------------------------------------------------------------
 
+
 @dataclass
 class Batch:
-    clean: torch.Tensor    # [N, nb, B] int64
-    noisy: torch.Tensor    # [N, nb, B] int64 (mask_token_id at masked positions)
-    pos: torch.Tensor      # [N, nb, B] int64
-    valid: torch.Tensor    # [N, nb, B] bool
-    masked: torch.Tensor   # [N, nb, B] bool (masked and valid)
-    t: torch.Tensor        # [N, nb] float32, the mask probability of each block
+    clean: torch.Tensor  # [N, nb, B] int64
+    noisy: torch.Tensor  # [N, nb, B] int64 (mask_token_id at masked positions)
+    pos: torch.Tensor  # [N, nb, B] int64
+    valid: torch.Tensor  # [N, nb, B] bool
+    masked: torch.Tensor  # [N, nb, B] bool (masked and valid)
+    t: torch.Tensor  # [N, nb] float32, the mask probability of each block
 
     @property
     def n_tokens(self) -> int:
         return int(self.valid.sum())
 
 
-def layout_windows(stream: torch.Tensor, starts: torch.Tensor, offsets: torch.Tensor, nb: int,
-                   B: int, pad_id: int):
+def layout_windows(stream: torch.Tensor, starts: torch.Tensor, offsets: torch.Tensor, nb: int, B: int, pad_id: int):
     """Clean blocks for windows of `stream` starting at `starts` [N] with first-block
     lengths `offsets` [N] in [1, B]. Returns clean, pos, valid, each [N, nb, B]."""
     N = starts.shape[0]
-    slot = torch.arange(nb * B).view(1, nb, B)                      # slot index
+    slot = torch.arange(nb * B).view(1, nb, B)  # slot index
     b = slot // B
     j = slot % B
     r = offsets.view(N, 1, 1)
     # token index inside the window: block 0 -> j (valid if j < r); block b>0 -> r+(b-1)B+j
-    idx = torch.where(b == 0, j, r + (b - 1) * B + j)               # [N, nb, B]
+    idx = torch.where(b == 0, j, r + (b - 1) * B + j)  # [N, nb, B]
     valid = (b > 0) | (j < r)
     src = (starts.view(N, 1, 1) + idx).clamp(max=stream.shape[0] - 1)
     clean = torch.where(valid, stream[src], torch.full_like(src, pad_id))
@@ -128,8 +129,7 @@ def layout_windows(stream: torch.Tensor, starts: torch.Tensor, offsets: torch.Te
     return clean, pos, valid.expand(N, nb, B).contiguous()
 
 
-def apply_noise(clean: torch.Tensor, valid: torch.Tensor, t: torch.Tensor, mask_id: int,
-                gen: torch.Generator):
+def apply_noise(clean: torch.Tensor, valid: torch.Tensor, t: torch.Tensor, mask_id: int, gen: torch.Generator):
     """Mask each valid token independently with its block's probability t [N, nb]."""
     u = torch.rand(clean.shape, generator=gen)
     masked = (u < t[..., None]) & valid
@@ -146,12 +146,21 @@ def sample_t(shape, eps: float, gen: torch.Generator, stratified: bool = True) -
         u = u[torch.randperm(n, generator=gen)]
     else:
         u = torch.rand(n, generator=gen)
-    t = 1.0 - (1.0 - eps) * u   # u in [0,1) -> t in (eps, 1]
+    t = 1.0 - (1.0 - eps) * u  # u in [0,1) -> t in (eps, 1]
     return t.view(shape).float()
 
 
-def sample_batch(stream: torch.Tensor, n_seq: int, B: int, n_blocks: int, gen: torch.Generator,
-                 mask_id: int, pad_id: int, eps: float = 1e-3, random_offset: bool = True) -> Batch:
+def sample_batch(
+    stream: torch.Tensor,
+    n_seq: int,
+    B: int,
+    n_blocks: int,
+    gen: torch.Generator,
+    mask_id: int,
+    pad_id: int,
+    eps: float = 1e-3,
+    random_offset: bool = True,
+) -> Batch:
     """N windows of the stream, each r + (n_blocks-1)B tokens, r ~ U{1..B} per sequence."""
     if random_offset:
         r = torch.randint(1, B + 1, (n_seq,), generator=gen)
@@ -169,6 +178,7 @@ def sample_batch(stream: torch.Tensor, n_seq: int, B: int, n_blocks: int, gen: t
 
 # --- loss ----------------------------------------------------------------------------------
 
+
 def nelbo_from_logits(logits_sel: torch.Tensor, batch: Batch):
     """logits at the masked positions (in `batch.masked` order) -> (loss, masked CE sum).
 
@@ -185,16 +195,28 @@ def diffusion_loss(model: CloverModel, batch: Batch, autocast: bool = False):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model.forward_train(batch.clean, batch.noisy, batch.pos, batch.valid, select=batch.masked)
     loss, ce = nelbo_from_logits(logits, batch)
-    return loss, {"masked_ce": float(ce.mean()) if ce.numel() else float("nan"),
-                  "n_masked": int(ce.numel()), "n_tokens": batch.n_tokens}
+    return loss, {
+        "masked_ce": float(ce.mean()) if ce.numel() else float("nan"),
+        "n_masked": int(ce.numel()),
+        "n_tokens": batch.n_tokens,
+    }
 
 
 # --- held-out evaluation ---------------------------------------------------------------------
 
+
 @torch.no_grad()
-def evaluate_heldout(model: CloverModel, ids, block_size: int = 16, mask_ratio: float = 0.5,
-                     seq_blocks: int = 64, batch_size: int = 8, seed: int = 0,
-                     max_tokens: int | None = None, autocast: bool = False) -> dict:
+def evaluate_heldout(
+    model: CloverModel,
+    ids,
+    block_size: int = 16,
+    mask_ratio: float = 0.5,
+    seq_blocks: int = 64,
+    batch_size: int = 8,
+    seed: int = 0,
+    max_tokens: int | None = None,
+    autocast: bool = False,
+) -> dict:
     """Masked-token loss on a held-out token stream, in bits/token.
 
     The stream is cut into sequences of seq_blocks * block_size tokens (the last one padded
@@ -236,16 +258,25 @@ def evaluate_heldout(model: CloverModel, ids, block_size: int = 16, mask_ratio: 
         count += int(masked.sum())
     model.train(was_training)
     nats = total / max(count, 1)
-    return {"bits_per_token": nats / LN2, "nats_per_token": nats, "n_masked": count,
-            "n_tokens": int(ids.numel()), "block_size": block_size, "mask_ratio": mask_ratio,
-            "seq_tokens": S, "seed": seed}
+    return {
+        "bits_per_token": nats / LN2,
+        "nats_per_token": nats,
+        "n_masked": count,
+        "n_tokens": int(ids.numel()),
+        "block_size": block_size,
+        "mask_ratio": mask_ratio,
+        "seq_tokens": S,
+        "seed": seed,
+    }
 
 
 # --- saving --------------------------------------------------------------------------------
 
+
 def save_hf(model: CloverModel, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
     """model.safetensors (HF names, per-expert layout, BF16) + config.json in out_dir."""
     from safetensors.torch import save_file
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sd = {k: v.to(dtype).contiguous() for k, v in model.hf_state_dict().items()}
@@ -258,6 +289,7 @@ def save_hf(model: CloverModel, out_dir: str | Path, dtype: torch.dtype = torch.
 
 # --- training loop -------------------------------------------------------------------------
 
+
 @dataclass
 class TrainConfig:
     seed: int = 0
@@ -267,22 +299,22 @@ class TrainConfig:
     betas: tuple = (0.9, 0.95)
     warmup_steps: int = 100
     max_steps: int = 100000
-    time_budget_min: float | None = None     # the cosine follows max(step, time) progress
+    time_budget_min: float | None = None  # the cosine follows max(step, time) progress
     grad_clip: float = 1.0
-    tokens_per_batch: int = 4096            # real tokens, about
-    seq_tokens: int = 256                   # tokens per window, about (n_blocks = seq/B + 1)
+    tokens_per_batch: int = 4096  # real tokens, about
+    seq_tokens: int = 256  # tokens per window, about (n_blocks = seq/B + 1)
     block_sizes: tuple = (16, 32, 8)
     block_probs: tuple = (0.45, 0.45, 0.10)
     eps: float = 1e-3
-    precision: str = "bf16"                 # "bf16" (bf16 weights + fp32 master), "autocast", "fp32"
-    compile: bool = False                   # torch.compile the training forward
+    precision: str = "bf16"  # "bf16" (bf16 weights + fp32 master), "autocast", "fp32"
+    compile: bool = False  # torch.compile the training forward
     threads: int = 2
     log_every: int = 10
     ckpt_every_min: float = 4.0
-    eval_every_min: float = 0.0             # 0: only at the end
+    eval_every_min: float = 0.0  # 0: only at the end
     ckpt_dir: str = "out/clover-tiny-train"
     out_dir: str = "models/clover-tiny"
-    eval_tokens: int = 16384                # held-out tokens for the periodic eval
+    eval_tokens: int = 16384  # held-out tokens for the periodic eval
     extra: dict = field(default_factory=dict)
 
 
@@ -293,8 +325,7 @@ def lr_at(step: int, progress: float, tc: TrainConfig) -> float:
     return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def make_optimizer(model: CloverModel, tc: TrainConfig, master: MasterWeights | None = None
-                   ) -> torch.optim.Optimizer:
+def make_optimizer(model: CloverModel, tc: TrainConfig, master: MasterWeights | None = None) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices (linears, embeddings, experts), none on norms,
     gates' scalars, memory key/calibration, conv. With `master`, it steps the fp32 copies."""
     decay, no_decay = [], []
@@ -302,9 +333,12 @@ def make_optimizer(model: CloverModel, tc: TrainConfig, master: MasterWeights | 
     for name, p in named:
         is_matrix = p.ndim >= 2 and not name.endswith(("memory.key", "conv.weight"))
         (decay if is_matrix else no_decay).append(p)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=tc.lr, betas=tc.betas, eps=1e-8)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=tc.betas,
+        eps=1e-8,
+    )
 
 
 def choose_block(gen: torch.Generator, tc: TrainConfig) -> int:
@@ -374,6 +408,7 @@ def compile_model(model: CloverModel) -> CloverModel:
     weights and every other method are untouched). Static shapes: one graph per batch shape
     (a handful: one per block size); graph breaks at the MoE's data-dependent routing."""
     import torch._dynamo
+
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     model.forward_train = torch.compile(CloverModel.forward_train.__get__(model), dynamic=False)
     return model
@@ -391,8 +426,14 @@ def _atomic_torch_save(obj, path: Path):
     os.replace(tmp, path)
 
 
-def train(model: CloverModel, stream: torch.Tensor, tc: TrainConfig, heldout=None, log_fn=print,
-          resume: str | Path | None = None) -> dict:
+def train(
+    model: CloverModel,
+    stream: torch.Tensor,
+    tc: TrainConfig,
+    heldout=None,
+    log_fn=print,
+    resume: str | Path | None = None,
+) -> dict:
     """Train `model` (float32 on entry and on return) in place on the token stream.
     Checkpoints (fp32 weights, optimizer, RNG, log) go to {ckpt_dir}/ckpt-last.pt every
     ckpt_every_min minutes, with a BF16 HF copy in {ckpt_dir}/hf. Returns the log dict."""
@@ -404,9 +445,16 @@ def train(model: CloverModel, stream: torch.Tensor, tc: TrainConfig, heldout=Non
     if tc.compile:
         compile_model(model)
     gen = torch.Generator().manual_seed(tc.seed)
-    log = {"train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()},
-           "model_config": c.to_dict(), "n_params": sum(p.numel() for p in model.parameters()),
-           "steps": [], "evals": [], "tokens": 0, "step": 0, "elapsed_s": 0.0}
+    log = {
+        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()},
+        "model_config": c.to_dict(),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "steps": [],
+        "evals": [],
+        "tokens": 0,
+        "step": 0,
+        "elapsed_s": 0.0,
+    }
     ckpt_dir = Path(tc.ckpt_dir)
 
     def weights() -> dict:
@@ -431,8 +479,9 @@ def train(model: CloverModel, stream: torch.Tensor, tc: TrainConfig, heldout=Non
 
     def save_ckpt():
         log["elapsed_s"] = elapsed0 + time.time() - t_start
-        _atomic_torch_save({"model": weights(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                            "log": log}, ckpt_dir / "ckpt-last.pt")
+        _atomic_torch_save(
+            {"model": weights(), "opt": opt.state_dict(), "gen": gen.get_state(), "log": log}, ckpt_dir / "ckpt-last.pt"
+        )
         tmp = ckpt_dir / "train_log.json.tmp"
         tmp.write_text(json.dumps(log))
         os.replace(tmp, ckpt_dir / "train_log.json")
@@ -457,18 +506,27 @@ def train(model: CloverModel, stream: torch.Tensor, tc: TrainConfig, heldout=Non
         step += 1
         tokens += st["n_tokens"]
         win_tok += st["n_tokens"]
-        rec = {"step": step, "tokens": tokens, "time_s": round(elapsed0 + time.time() - t_start, 2),
-               "loss": round(st["loss"], 4), "masked_ce": round(st["masked_ce"], 4), "lr": float(f"{lr:.4g}"), "B": B,
-               "grad_norm": round(st["grad_norm"], 3)}
+        rec = {
+            "step": step,
+            "tokens": tokens,
+            "time_s": round(elapsed0 + time.time() - t_start, 2),
+            "loss": round(st["loss"], 4),
+            "masked_ce": round(st["masked_ce"], 4),
+            "lr": float(f"{lr:.4g}"),
+            "B": B,
+            "grad_norm": round(st["grad_norm"], 3),
+        }
         log["steps"].append(rec)
         log["step"], log["tokens"] = step, tokens
         if step % tc.log_every == 0:
-            tps = win_tok / max(win_t, 1e-9)   # compute time only (evals/checkpoints excluded)
+            tps = win_tok / max(win_t, 1e-9)  # compute time only (evals/checkpoints excluded)
             win_tok, win_t = 0, 0.0
-            recent = log["steps"][-tc.log_every:]
-            log_fn(f"step {step} tok {tokens} t {rec['time_s']:.0f}s loss {np.mean([r['loss'] for r in recent]):.4f} "
-                   f"mce {np.mean([r['masked_ce'] for r in recent]):.4f} lr {lr:.2e} gn {st['grad_norm']:.2f} "
-                   f"B {B} tok/s {tps:.0f}")
+            recent = log["steps"][-tc.log_every :]
+            log_fn(
+                f"step {step} tok {tokens} t {rec['time_s']:.0f}s loss {np.mean([r['loss'] for r in recent]):.4f} "
+                f"mce {np.mean([r['masked_ce'] for r in recent]):.4f} lr {lr:.2e} gn {st['grad_norm']:.2f} "
+                f"B {B} tok/s {tps:.0f}"
+            )
             rec["tok_per_s"] = round(tps, 1)
         if heldout is not None and tc.eval_every_min and time.time() - last_eval > tc.eval_every_min * 60:
             ev = evaluate_heldout(model, heldout[: tc.eval_tokens], autocast=tc.precision == "autocast")
@@ -482,7 +540,7 @@ def train(model: CloverModel, stream: torch.Tensor, tc: TrainConfig, heldout=Non
             last_ckpt = time.time()
     save_ckpt()
     uncompile_model(model)
-    if master is not None:   # hand back a float32 model holding the master weights
+    if master is not None:  # hand back a float32 model holding the master weights
         model.to(torch.float32)
         model.load_state_dict(master.state_dict())
     model.eval()

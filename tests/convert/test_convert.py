@@ -10,18 +10,28 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from convert_helpers import (  # noqa: F401
+    TINY,
+    VECTORS,
+    fused_copy,
+    ggml_like_llama_quantize,
+    gguf_tensor_bytes,
+    poke_tensor,
+    read_st,
+    require_ggml,
+    rewrite_st,
+    write_synth,
+)
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
-from clover_gguf.convert import ggml_lib, quants
 from clover_gguf.checkpoint import load_tensors
 from clover_gguf.cli import cli
 from clover_gguf.constants import ARCH, GGUF_EXPERT_NAME, Keys
+from clover_gguf.convert import ggml_lib, quants
 from clover_gguf.convert.converter import ConvertError, convert
-from clover_gguf.gguf_io.reader import load_gguf_as_hf_tensors, tensor_types
 from clover_gguf.convert.imatrix import write_imatrix
-from test_convert_helpers import (TINY, VECTORS, fused_copy, gguf_tensor_bytes, ggml_like_llama_quantize,  # noqa: F401
-                                  no_ggml, poke_tensor, read_st, require_ggml, rewrite_st, write_synth)
+from clover_gguf.gguf_io.reader import load_gguf_as_hf_tensors, tensor_types
 
 VEC = VECTORS / "random-clover"
 VEC_FUSED = VECTORS / "random-clover-fused"
@@ -43,6 +53,7 @@ def _no_leftovers(folder: Path):
 
 # ---- the vectors model (d = 64: k-quants fall back) ------------------------------------
 
+
 @pytest.fixture(scope="module")
 def vec_gguf(tmp_path_factory):
     d = tmp_path_factory.mktemp("vec")
@@ -62,13 +73,13 @@ def test_vectors_round_trip(vec_gguf):
     for n, a in src.items():
         b = got[n]
         assert b.shape == a.shape, n
-        if "A_log" in n:   # stored as ssm_a = -exp(A_log) in F32: exact after rounding to BF16
+        if "A_log" in n:  # stored as ssm_a = -exp(A_log) in F32: exact after rounding to BF16
             assert torch.equal(b.to(torch.bfloat16), a), n
         elif ".experts." in n:
             err = (b - a.float()).abs().max() / a.float().abs().max()
-            assert err < 0.1, (n, err)      # q5_0 fallback
+            assert err < 0.1, (n, err)  # q5_0 fallback
         else:
-            assert torch.equal(b, a.float()), n   # BF16/F32: exact
+            assert torch.equal(b, a.float()), n  # BF16/F32: exact
     assert set(types.values()) == {"f32", "bf16", "q5_0"}
 
 
@@ -106,9 +117,9 @@ def test_metadata(vec_gguf):
     assert f[Keys.GENERAL_SIZE_LABEL] and f[Keys.GENERAL_NAME] == "random-clover"
     r = GGUFReader(vec_gguf["per_expert"])
     conv = [t for t in r.tensors if t.name == "blk.0.conv1d.weight"][0]
-    assert list(conv.shape) == [4, 64]           # ggml ne [K, d]
+    assert list(conv.shape) == [4, 64]  # ggml ne [K, d]
     exps = [t for t in r.tensors if t.name == "blk.0.ffn_down_exps.weight"][0]
-    assert list(exps.shape) == [32, 64, 4]       # ggml ne [F, d, E]
+    assert list(exps.shape) == [32, 64, 4]  # ggml ne [F, d, E]
 
 
 def test_dry_run_writes_nothing(tmp_path):
@@ -121,20 +132,33 @@ def test_dry_run_writes_nothing(tmp_path):
 
 
 def test_tensor_type_overrides_first_match_wins(tmp_path):
-    res = convert(VEC, None, dry_run=True, outtype="q8_0", experts="q8_0",
-                  tensor_types=[r"blk\.0\.ffn_down_exps=bf16", r"ffn_down_exps=f16", "attn_q=f32",
-                                "attn_norm=q8_0", "conv1d=q8_0", "mem_key=q8_0", "ssm_alpha=bf16"])
+    res = convert(
+        VEC,
+        None,
+        dry_run=True,
+        outtype="q8_0",
+        experts="q8_0",
+        tensor_types=[
+            r"blk\.0\.ffn_down_exps=bf16",
+            r"ffn_down_exps=f16",
+            "attn_q=f32",
+            "attn_norm=q8_0",
+            "conv1d=q8_0",
+            "mem_key=q8_0",
+            "ssm_alpha=bf16",
+        ],
+    )
     t = {e.name: quants.type_name(e.qtype) for e in res.plan.entries}
     assert t["blk.0.ffn_down_exps.weight"] == "bf16"
     assert t["blk.1.ffn_down_exps.weight"] == "f16"
     assert t["blk.0.ffn_gate_exps.weight"] == "q8_0"
     assert t["blk.0.attn_q.weight"] == "f32"
-    assert t["blk.0.attn_norm.weight"] == "f32"        # 1-D stays F32
-    assert t["blk.0.ffn_gate_inp.weight"] == "f32"     # router
-    assert t["blk.0.ssm_beta.weight"] == "f32"         # memory gate (default)
-    assert t["blk.0.conv1d.weight"] == "f32"           # the runtime needs these F32: overrides ignored
+    assert t["blk.0.attn_norm.weight"] == "f32"  # 1-D stays F32
+    assert t["blk.0.ffn_gate_inp.weight"] == "f32"  # router
+    assert t["blk.0.ssm_beta.weight"] == "f32"  # memory gate (default)
+    assert t["blk.0.conv1d.weight"] == "f32"  # the runtime needs these F32: overrides ignored
     assert t["blk.0.mem_key.weight"] == "f32"
-    assert t["blk.0.ssm_alpha.weight"] == "bf16"       # a matmul weight: may be overridden
+    assert t["blk.0.ssm_alpha.weight"] == "bf16"  # a matmul weight: may be overridden
     assert t["token_embd.weight"] == "q8_0" and t["output.weight"] == "q8_0"
 
 
@@ -155,12 +179,12 @@ def test_recipes(tmp_path):
 
 # ---- a small model with 256-multiple rows: k-quants, bit-exactness vs ggml ------------------
 
+
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory):
     d = tmp_path_factory.mktemp("synth")
     pe = write_synth(d / "pe")
-    return {"per_expert": pe, "fused": fused_copy(pe, d / "fu"),
-            "sharded": write_synth(d / "sh", shard_size_mb=0.5)}
+    return {"per_expert": pe, "fused": fused_copy(pe, d / "fu"), "sharded": write_synth(d / "sh", shard_size_mb=0.5)}
 
 
 @pytest.mark.parametrize("experts", ["q4_k", "q5_k", "q6_k", "iq4_xs", "iq4_nl", "q4_0", "mxfp4"])
@@ -182,20 +206,19 @@ def test_imatrix_weighted_blocks_bit_identical_to_ggml(synth, tmp_path):
     E, d, F = 4, 256, 256
     names = {p: GGUF_EXPERT_NAME[p].format(bid=0) for p in ("gate", "up", "down")}
     sums = {n: (rng.random((E, d if p != "down" else F)) * 50).astype(np.float32) for p, n in names.items()}
-    counts = {n: np.array([10, 0, 3, 7], np.float32) for n in names.values()}   # expert 1 unseen
+    counts = {n: np.array([10, 0, 3, 7], np.float32) for n in names.values()}  # expert 1 unseen
     sums["blk.0.attn_q.weight"] = (rng.random((1, d)) * 5).astype(np.float32)
     counts["blk.0.attn_q.weight"] = np.array([4], np.float32)
     im_path = tmp_path / "im.gguf"
     write_imatrix(im_path, sums, counts, ["calib.txt"], 3, 64)
     out, plain = tmp_path / "o.gguf", tmp_path / "p.gguf"
-    res = _conv(synth["per_expert"], out, experts="q4_k", outtype="q8_0", imatrix=im_path,
-                tensor_types=["attn_q=q4_k"])
+    res = _conv(synth["per_expert"], out, experts="q4_k", outtype="q8_0", imatrix=im_path, tensor_types=["attn_q=q4_k"])
     _conv(synth["per_expert"], plain, experts="q4_k", outtype="q8_0", tensor_types=["attn_q=q4_k"])
     _, src = load_tensors(synth["per_expert"])
     for p, n in names.items():
         stack = torch.stack([src[f"model.layers.0.mlp.experts.{e}.{p}_proj.weight"] for e in range(4)]).float()
         w = sums[n] / counts[n][:, None].clip(min=1)
-        w[1] = 1.0                                              # llama-quantize: count 0 -> 1
+        w[1] = 1.0  # llama-quantize: count 0 -> 1
         want = ggml_like_llama_quantize(lib, int(Q.Q4_K), stack.numpy(), w.astype(np.float32))
         got = gguf_tensor_bytes(out, n)
         assert got == want, p
@@ -211,8 +234,7 @@ def test_imatrix_weighted_blocks_bit_identical_to_ggml(synth, tmp_path):
 
 def test_imatrix_with_wrong_size_refused(synth, tmp_path):
     n = GGUF_EXPERT_NAME["gate"].format(bid=0)
-    write_imatrix(tmp_path / "im.gguf", {n: np.ones((3, 256), np.float32)}, {n: np.ones(3, np.float32)},
-                  ["x"], 1, 8)
+    write_imatrix(tmp_path / "im.gguf", {n: np.ones((3, 256), np.float32)}, {n: np.ones(3, np.float32)}, ["x"], 1, 8)
     with pytest.raises(ConvertError, match="imatrix entry"):
         _conv(synth["per_expert"], tmp_path / "o.gguf", imatrix=tmp_path / "im.gguf")
     assert not (tmp_path / "o.gguf").exists()
@@ -263,10 +285,11 @@ def test_tokenizer_from_model_dir(tmp_path):
     _conv(d, out, experts="q8_0")
     f = _fields(out)
     from clover_gguf.tokenizer import CloverTokenizer
+
     tok = CloverTokenizer.from_dir(d)
     v = tok.to_gguf_vocab()
     assert f[Keys.TOKENIZER_TOKENS][: len(v.tokens)] == v.tokens
-    assert len(f[Keys.TOKENIZER_TOKENS]) == 8200               # padded to the embedding rows
+    assert len(f[Keys.TOKENIZER_TOKENS]) == 8200  # padded to the embedding rows
     assert f[Keys.TOKENIZER_MERGES] == v.merges
     assert f[Keys.MASK_ID] == tok.mask_id == 1
     assert f[Keys.CHAT_TEMPLATE] == tok.chat_template
@@ -280,6 +303,7 @@ def test_tokenizer_from_model_dir(tmp_path):
 
 
 # ---- bad inputs: refused before writing anything ------------------------------------------
+
 
 @pytest.fixture
 def model_copy(tmp_path):
@@ -371,7 +395,7 @@ def test_non_finite_values(model_copy, tmp_path, value):
         _conv(model_copy, out)
     msg = str(ei.value)
     assert "model.layers.1.mlp.experts.2.up_proj.weight" in msg and "model.safetensors" in msg
-    assert "row 1, column 6" in msg   # element 70 of [32, 64]
+    assert "row 1, column 6" in msg  # element 70 of [32, 64]
     assert not out.exists() and _no_leftovers(tmp_path)
 
 
@@ -394,6 +418,7 @@ def test_existing_output_needs_force(tmp_path):
 
 
 # ---- atomic write ----------------------------------------------------------------------
+
 
 def test_failure_midway_leaves_nothing(tmp_path):
     out = tmp_path / "o.gguf"
@@ -439,6 +464,7 @@ def test_disk_full_midway(tmp_path, monkeypatch):
             return real_write(self, b)
 
     import builtins
+
     real_open = builtins.open
 
     def fake_open(file, mode="r", *a, **k):
@@ -457,14 +483,16 @@ def test_disk_full_midway(tmp_path, monkeypatch):
 
 # ---- CLI -----------------------------------------------------------------------------------
 
+
 def test_cli_convert_and_inspect(tmp_path):
     r = CliRunner()
     res = r.invoke(cli, ["convert", str(VEC), "--dry-run", "--recipe", "q8_0"])
     assert res.exit_code == 0, res.output
     assert "bits per weight" in res.output and not list(tmp_path.iterdir())
     out = tmp_path / "o.gguf"
-    res = r.invoke(cli, ["convert", str(VEC), "-o", str(out), "-q", "--experts", "q8_0",
-                         "--tensor-type", "attn_q=f16", "-t", "2"])
+    res = r.invoke(
+        cli, ["convert", str(VEC), "-o", str(out), "-q", "--experts", "q8_0", "--tensor-type", "attn_q=f16", "-t", "2"]
+    )
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output
     assert tensor_types(out)["blk.0.attn_q.weight"] == "f16"
@@ -483,6 +511,7 @@ def test_dry_run_on_full_35b_shapes_is_fast(tmp_path):
     import time
 
     from clover_gguf.config import preset
+
     c = preset("clover-35b-a3b")
     d = tmp_path / "c35"
     d.mkdir()
@@ -505,7 +534,7 @@ def test_dry_run_on_full_35b_shapes_is_fast(tmp_path):
     assert 34e9 < p.n_params < 36e9
     exp = [e for e in p.entries if e.group.startswith("experts")]
     assert len(exp) == 120 and {quants.type_name(e.qtype) for e in exp} == {"q4_k"} and not p.fallbacks()
-    assert 8 * sum(e.nbytes for e in exp) / sum(e.n_elements for e in exp) == 4.5   # Q4_K: 4.5 bpw
+    assert 8 * sum(e.nbytes for e in exp) / sum(e.n_elements for e in exp) == 4.5  # Q4_K: 4.5 bpw
     assert p.src_bytes == off
     assert "40 tensors" not in p.table(verbose=False)
 
@@ -522,8 +551,11 @@ def test_ggml_own_gguf_parser_accepts_the_file(vec_gguf):
 
     L.gguf_init_from_file.argtypes = [ctypes.c_char_p, Params]
     L.gguf_init_from_file.restype = ctypes.c_void_p
-    for f, rt in (("gguf_get_n_tensors", ctypes.c_int64), ("gguf_get_n_kv", ctypes.c_int64),
-                  ("gguf_get_data_offset", ctypes.c_size_t)):
+    for f, rt in (
+        ("gguf_get_n_tensors", ctypes.c_int64),
+        ("gguf_get_n_kv", ctypes.c_int64),
+        ("gguf_get_data_offset", ctypes.c_size_t),
+    ):
         getattr(L, f).argtypes = [ctypes.c_void_p]
         getattr(L, f).restype = rt
     L.gguf_find_tensor.argtypes = [ctypes.c_void_p, ctypes.c_char_p]

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from convert_helpers import VECTORS
 from gguf import GGUFReader
 
 from clover_gguf.cli import cli
 from clover_gguf.constants import GGUF_EXPERT_NAME, Keys
 from clover_gguf.convert.imatrix import compute_imatrix, load_imatrix, write_imatrix
 from clover_gguf.reference.model import CloverModel
-from test_convert_helpers import VECTORS
 
 VEC = VECTORS / "random-clover"
 
@@ -33,7 +33,7 @@ def test_file_format_and_normalization(tmp_path):
     im = load_imatrix(p)
     w = im.get(n)
     assert np.array_equal(w[0], np.arange(4, dtype=np.float32) / np.float32(2))
-    assert np.array_equal(w[1], np.ones(4, np.float32))          # no activations -> 1
+    assert np.array_equal(w[1], np.ones(4, np.float32))  # no activations -> 1
     assert np.array_equal(w[2], np.arange(8, 12, dtype=np.float32) / np.float32(3))
     assert np.array_equal(im.get("blk.0.attn_q.weight"), np.full((1, 4), 2, np.float32))
     assert im.datasets == ["a.txt"] and im.chunk_count == 7
@@ -41,11 +41,13 @@ def test_file_format_and_normalization(tmp_path):
 
 def test_legacy_dat_format(tmp_path):
     import struct
+
     p = tmp_path / "im.dat"
     name = b"blk.0.attn_q.weight"
     vals = np.array([2, 4, 6, 8], np.float32)
-    p.write_bytes(struct.pack("<i", 1) + struct.pack("<i", len(name)) + name + struct.pack("<ii", 2, 4)
-                  + vals.tobytes())
+    p.write_bytes(
+        struct.pack("<i", 1) + struct.pack("<i", len(name)) + name + struct.pack("<ii", 2, 4) + vals.tobytes()
+    )
     assert np.array_equal(load_imatrix(p).get("blk.0.attn_q.weight"), (vals / 2)[None])
 
 
@@ -107,6 +109,7 @@ def test_cli_imatrix_then_convert(tmp_path):
     res = r.invoke(cli, ["imatrix", str(VEC), "-f", str(txt), "-o", str(out), "--ctx", "64", "--chunks", "3"])
     assert res.exit_code == 0, res.output
     assert "3 chunks" in res.output
-    res = r.invoke(cli, ["convert", str(VEC), "-o", str(tmp_path / "m.gguf"), "-q", "--experts", "q4_0",
-                         "--imatrix", str(out)])
+    res = r.invoke(
+        cli, ["convert", str(VEC), "-o", str(tmp_path / "m.gguf"), "-q", "--experts", "q4_0", "--imatrix", str(out)]
+    )
     assert res.exit_code == 0, res.output

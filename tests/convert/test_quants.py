@@ -3,10 +3,10 @@ gguf-py's dequantizers; llama.cpp's fallback rule; the missing-libggml message."
 
 import numpy as np
 import pytest
+from convert_helpers import require_ggml
 from gguf import GGMLQuantizationType as Q
 
 from clover_gguf.convert import ggml_lib, quants
-from test_convert_helpers import no_ggml, require_ggml  # noqa: F401
 
 NUMPY_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"]
 
@@ -14,10 +14,10 @@ NUMPY_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mx
 def _inputs(n_per_row=256, seed=0):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((64, n_per_row)) * 0.05).astype(np.float32)
-    x[1] = 0.0                                              # all-zero blocks
-    x[2, :32] = 1e-30                                       # tiny values
+    x[1] = 0.0  # all-zero blocks
+    x[2, :32] = 1e-30  # tiny values
     x[3] = np.round(rng.standard_normal(n_per_row) * 4) / 8  # exact ties on the grids
-    x[4, 5] = 7.5                                           # an outlier
+    x[4, 5] = 7.5  # an outlier
     x[5] = -x[5]
     x[6] = rng.uniform(-1, 1, n_per_row).astype(np.float32) * 1e3
     x[7] = np.linspace(-1, 1, n_per_row, dtype=np.float32)
@@ -40,8 +40,9 @@ def test_numpy_exact_with_imatrix_for_types_that_ignore_it(t):
     require_ggml()
     x = _inputs(seed=3)
     im = np.random.default_rng(3).random(x.shape[1]).astype(np.float32)
-    assert np.array_equal(quants.quantize_rows(x, t, im, backend="numpy"),
-                          quants.quantize_rows(x, t, im, backend="ggml"))
+    assert np.array_equal(
+        quants.quantize_rows(x, t, im, backend="numpy"), quants.quantize_rows(x, t, im, backend="ggml")
+    )
 
 
 @pytest.mark.parametrize("t", ["q4_0", "q4_1", "q5_0", "q5_1"])
@@ -56,9 +57,22 @@ def test_imatrix_changes_legacy_quants_and_needs_ggml(t):
 
 
 # rough relative RMS error bounds for N(0, s) data, per type
-REL_RMSE = {"q8_0": 0.01, "q6_k": 0.03, "q5_k": 0.06, "q5_0": 0.06, "q5_1": 0.06, "q4_k": 0.12,
-            "q4_0": 0.13, "q4_1": 0.12, "iq4_nl": 0.12, "iq4_xs": 0.12, "mxfp4": 0.2, "bf16": 0.005,
-            "f16": 0.001, "f32": 0.0}
+REL_RMSE = {
+    "q8_0": 0.01,
+    "q6_k": 0.03,
+    "q5_k": 0.06,
+    "q5_0": 0.06,
+    "q5_1": 0.06,
+    "q4_k": 0.12,
+    "q4_0": 0.13,
+    "q4_1": 0.12,
+    "iq4_nl": 0.12,
+    "iq4_xs": 0.12,
+    "mxfp4": 0.2,
+    "bf16": 0.005,
+    "f16": 0.001,
+    "f32": 0.0,
+}
 
 
 @pytest.mark.parametrize("t", sorted(set(quants.EXPERT_TYPES) | set(quants.OUTTYPES)))
@@ -70,7 +84,7 @@ def test_ggml_quantize_then_gguf_py_dequantize(t):
     q = quants.quantize_rows(x, qt, backend="ggml")
     assert q.shape == (128, quants.row_bytes(qt, 512))
     y = quants.dequantize(q, qt, x.shape)
-    rel = np.sqrt(np.mean((y - x) ** 2)) / np.sqrt(np.mean(x ** 2))
+    rel = np.sqrt(np.mean((y - x) ** 2)) / np.sqrt(np.mean(x**2))
     assert rel <= REL_RMSE[t], f"{t}: relative RMSE {rel:.4f}"
 
 
@@ -94,8 +108,8 @@ def test_fallback_rule_matches_llama_cpp():
     assert f(Q.Q5_K, 96)[0] == Q.Q5_1
     assert f(Q.Q6_K, 32)[0] == Q.Q8_0
     assert f(Q.IQ4_XS, 64)[0] == Q.IQ4_NL
-    assert f(Q.Q4_K, 48)[0] == Q.F16       # fallback still does not fit -> F16
-    assert f(Q.Q8_0, 48)[0] == Q.F16       # 32-block type that does not fit
+    assert f(Q.Q4_K, 48)[0] == Q.F16  # fallback still does not fit -> F16
+    assert f(Q.Q8_0, 48)[0] == Q.F16  # 32-block type that does not fit
     assert f(Q.MXFP4, 64) == (Q.MXFP4, None)
     assert f(Q.BF16, 7) == (Q.BF16, None)
     t, why = f(Q.Q4_K, 64)

@@ -9,8 +9,6 @@ import torch
 from clover_gguf.eval import metrics as M
 
 
-
-
 def test_identical_models_give_zero_kl_and_full_agreement():
     torch.manual_seed(0)
     z = torch.randn(50, 40) * 4
@@ -33,10 +31,10 @@ def test_known_perturbation_gives_known_kl_nll_dp():
     t = torch.tensor([0])
     pm = M.position_metrics(M.compact(ref, t, 2), q, t)
     assert pm["kl"][0] == pytest.approx(0.5 * math.log(4 / 3), rel=1e-7)
-    assert pm["ref_nll_bits"][0] == pytest.approx(1.0)               # -log2(1/2)
+    assert pm["ref_nll_bits"][0] == pytest.approx(1.0)  # -log2(1/2)
     assert pm["q_nll_bits"][0] == pytest.approx(-math.log2(0.75), rel=1e-7)
     assert pm["dp"][0] == pytest.approx(0.25, rel=1e-7)
-    assert pm["same_top1"][0] == 1.0   # P ties -> lowest id 0; Q's argmax is 0
+    assert pm["same_top1"][0] == 1.0  # P ties -> lowest id 0; Q's argmax is 0
 
 
 def test_kl_is_shift_invariant_and_ignores_the_mask_token():
@@ -44,7 +42,7 @@ def test_kl_is_shift_invariant_and_ignores_the_mask_token():
     z = torch.randn(8, 30)
     assert M.kl_full(z, z + 7.5).max().item() == pytest.approx(0, abs=1e-12)
     q = z.clone()
-    q[:, 5] += 10.0          # only the mask token's logit moves
+    q[:, 5] += 10.0  # only the mask token's logit moves
     assert M.kl_full(z, q, exclude=5).max().item() == pytest.approx(0, abs=1e-12)
     assert M.kl_full(z, q).min().item() > 0.1
 
@@ -125,7 +123,7 @@ def test_compact_roundtrip_numpy():
 def test_agreement_and_spread_by_hand():
     a = M.agreement([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]])
     assert a["exact_match"] == 0.5
-    assert a["mean_common_prefix"] == pytest.approx(2.0)       # (2 + 2) / 2
+    assert a["mean_common_prefix"] == pytest.approx(2.0)  # (2 + 2) / 2
     assert a["token_match"] == pytest.approx(5 / 6)
     s = M.spread([5, 1, 3, 2, 4])
     assert s["median"] == 3 and s["p10"] == pytest.approx(1.4) and s["p90"] == pytest.approx(4.6)

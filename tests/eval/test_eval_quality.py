@@ -2,26 +2,15 @@
 documents), with GGUFs converted in the test (BF16 and Q4_0 need no libggml)."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from eval_helpers import RC
+from eval_helpers import docs as _docs
 
 from clover_gguf.eval import corpus as C
 from clover_gguf.eval.backends import TorchProvider, load_reference
-from clover_gguf.eval.quality import run_quality
-
-
-
-from conftest import VECTORS
-
-RC = VECTORS / "random-clover"
-
-
-def _docs(n=3, seed=0, V=90):
-    rng = np.random.default_rng(seed)
-    return [C.Document(f"d{i}", rng.integers(0, V, size=120 + 40 * i)) for i in range(n)]
 
 
 def test_masks_are_deterministic_and_sized_by_ratio():
@@ -31,9 +20,9 @@ def test_masks_are_deterministic_and_sized_by_ratio():
     c = C.build_samples(docs, 8, n_windows=2, n_blocks=6, ratios=(0.15, 0.5, 1.0), seed=8, mask_token_id=96)
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
     for m in a.masks:
-        assert (m[0].sum(-1) == 1).all()      # round(0.15 * 8) = 1
+        assert (m[0].sum(-1) == 1).all()  # round(0.15 * 8) = 1
         assert (m[1].sum(-1) == 4).all()
-        assert m[2].all()                     # ratio 1: every position
+        assert m[2].all()  # ratio 1: every position
     nz = a.noisy(0)
     assert (nz[torch.from_numpy(a.masks[0])] == 96).all()
     assert len(a.meta["target"]) == a.n_positions
@@ -41,9 +30,9 @@ def test_masks_are_deterministic_and_sized_by_ratio():
 
 def test_recall_probe_rule():
     B = 8
-    toks = np.arange(100, 100 + 12 * B)       # all distinct
-    toks[5] = 7                               # identifier first seen at position 5
-    toks[11 * B + 3] = 7                      # repeated in block 11, 86 tokens later
+    toks = np.arange(100, 100 + 12 * B)  # all distinct
+    toks[5] = 7  # identifier first seen at position 5
+    toks[11 * B + 3] = 7  # repeated in block 11, 86 tokens later
     s = C.build_samples([C.Document("x", toks)], B, n_windows=1, n_blocks=12, ratios=(1.0,), seed=0)
     d = s.meta["probe_dist"]
     hit = np.nonzero(d >= 0)[0]
@@ -70,22 +59,6 @@ def test_torch_provider_matches_sequential_commits():
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.fixture(scope="module")
-def quality_run(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
-    d = tmp_path_factory.mktemp("q")
-    for r in ("bf16", "q4_0"):
-        convert(RC, d / f"rc-{r}.gguf", recipe=r, progress=False, log=lambda *a, **k: None)
-    (d / "p.jsonl").write_text(json.dumps({"id": "a", "ids": [3, 14, 15, 9, 2, 6]}) + "\n")
-    kw = dict(docs=_docs(), out_dir=d / "out", n_windows=2, n_blocks=6, ratios=(0.5, 1.0), top_k=32,
-              prompts=d / "p.jsonl", max_new_tokens=8, backend="reference", log=lambda *a: None)
-    run = run_quality(RC, [d / "rc-bf16.gguf", d / "rc-q4_0.gguf"], **kw)
-    (d / "first-quality.json").write_text((d / "out" / "quality.json").read_text())
-    logs = []
-    run2 = run_quality(RC, [d / "rc-bf16.gguf"], **{**kw, "log": logs.append, "generation": False})
-    return d, run, run2, logs
-
-
 def test_quality_identical_weights_and_quantized(quality_run):
     d, run, run2, logs = quality_run
     bf16, q4 = (m["providers"]["reference-dequant"] for m in run["models"])
@@ -110,12 +83,21 @@ def test_runtime_provider_matches_reference_on_f32_weights(tmp_path):
     """The llama.cpp provider (block_logits / commit block by block) against the PyTorch
     two-stream provider, on an all-F32 GGUF so that only the kernels differ."""
     from clover_gguf.eval.backends import RuntimeProvider, load_dequantized, open_runtime, runtime_status
+
     ok, why = runtime_status()
     assert ok, f"llama.cpp runtime not built ({why}): run `clover-gguf runtime build`"
     from clover_gguf.convert.converter import convert
+
     f = tmp_path / "rc-f32.gguf"
-    convert(RC, f, outtype="f32", experts="bf16", tensor_types=[("ffn_.*_exps", "f32")], progress=False,
-            log=lambda *a, **k: None)
+    convert(
+        RC,
+        f,
+        outtype="f32",
+        experts="bf16",
+        tensor_types=[("ffn_.*_exps", "f32")],
+        progress=False,
+        log=lambda *a, **k: None,
+    )
     rt, m = open_runtime(f, 2), load_dequantized(f)
     g = torch.Generator().manual_seed(0)
     clean = torch.randint(0, 90, (4, 8), generator=g)
@@ -129,41 +111,62 @@ def test_runtime_provider_matches_reference_on_f32_weights(tmp_path):
 
 def test_sensitivity_one_group(tmp_path):
     from clover_gguf.eval.sensitivity import run_sensitivity
-    s = run_sensitivity(RC, tmp_path / "s", groups=("experts_down",), qtype="q4_0", docs=_docs(), n_windows=1,
-                        n_blocks=3, ratios=(1.0,), top_k=16, log=lambda *a: None)
+
+    s = run_sensitivity(
+        RC,
+        tmp_path / "s",
+        groups=("experts_down",),
+        qtype="q4_0",
+        docs=_docs(),
+        n_windows=1,
+        n_blocks=3,
+        ratios=(1.0,),
+        top_k=16,
+        log=lambda *a: None,
+    )
     g = s["groups"][0]
     assert g["group"] == "experts_down" and g["n_tensors"] == 2 and g["types"] == {"Q4_0": 2}
     assert g["group_bytes_q"] < g["group_bytes_base"]
     assert g["overall"]["kl_mean"] > 0 and (tmp_path / "s" / "sensitivity.json").is_file()
-    assert not list((tmp_path / "s").glob("**/*.gguf"))          # per-group files removed unless keep
+    assert not list((tmp_path / "s").glob("**/*.gguf"))  # per-group files removed unless keep
 
 
 def test_speed_worker_in_process():
     """The speed worker's measurements (run in-process here; the CLI runs it in a fresh
     subprocess per target so that the first load is a cold one)."""
     from clover_gguf.eval.speed import parse_sweep, worker
+
     assert parse_sweep(["block_size=4,8", "threshold=0.5"]) == {"block_size": [4, 8], "threshold": [0.5]}
     with pytest.raises(ValueError):
         parse_sweep(["blocksize=4"])
-    spec = {"backend": "reference-bf16", "path": str(RC), "threads": 1, "runs": 2, "warmup": 0,
-            "base": {"block_size": 8, "steps": 2, "threshold": None, "prompt_len": 10, "max_new_tokens": 16},
-            "sweeps": {"block_size": [4]}, "prompt_ids": list(range(3, 40)), "mask_token_id": 96}
+    spec = {
+        "backend": "reference-bf16",
+        "path": str(RC),
+        "threads": 1,
+        "runs": 2,
+        "warmup": 0,
+        "base": {"block_size": 8, "steps": 2, "threshold": None, "prompt_len": 10, "max_new_tokens": 16},
+        "sweeps": {"block_size": [4]},
+        "prompt_ids": list(range(3, 40)),
+        "mask_token_id": 96,
+    }
     r = worker(spec)
     b = r["base"]
     assert r["load_cold_s"] > 0 and r["load_warm_s"] > 0 and r["peak_rss_mib"] > 10
-    assert b["steps_per_block"]["median"] == 2 and b["tokens_per_step"]["median"] == 4   # 8 tokens in 2 steps
+    assert b["steps_per_block"]["median"] == 2 and b["tokens_per_step"]["median"] == 4  # 8 tokens in 2 steps
     assert b["gen_tps"]["n"] == 2 and b["gen_tps"]["p10"] <= b["gen_tps"]["median"] <= b["gen_tps"]["p90"]
     assert r["sweeps"]["block_size"][0]["value"] == 4 and r["sweeps"]["block_size"][0]["tokens_per_step"]["median"] == 2
 
 
 def test_auto_top_k_follows_the_tail_mass():
     from clover_gguf.eval.quality import choose_k
+
     g = torch.Generator().manual_seed(0)
     t = torch.zeros(16, dtype=torch.long)
     peaked = torch.randn(16, 4096, generator=g)
-    peaked[:, :10] += 30.0                      # nearly all mass on 10 tokens
+    peaked[:, :10] += 30.0  # nearly all mass on 10 tokens
     assert choose_k(peaked, t, None) == 256
     flat = torch.randn(16, 4096, generator=g) * 0.1
-    assert choose_k(flat, t, None) == 4096      # never reaches the target: the whole (small) vocabulary
+    assert choose_k(flat, t, None) == 4096  # never reaches the target: the whole (small) vocabulary
     flat = torch.randn(4, 10000, generator=g) * 0.1
     assert choose_k(flat, t[:4], None) == 8192  # larger vocabulary: the largest of the ladder

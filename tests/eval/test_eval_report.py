@@ -2,15 +2,10 @@
 
 import json
 
-import pytest
-import torch
 from click.testing import CliRunner
 
 from clover_gguf.cli import cli
 from clover_gguf.eval.metrics import spread
-from test_eval_quality import quality_run  # noqa: F401  (module fixture: a real saved run)
-
-
 
 
 def _sp(v):
@@ -18,16 +13,39 @@ def _sp(v):
 
 
 def _speed_run():
-    pt = {k: _sp(v) for k, v in dict(prompt_tps=900, gen_tps=40, ms_per_step=20, steps_per_block=3,
-                                    tokens_per_step=5, ttfb_ms=90, total_ms=1500).items()}
-    env = {"created_utc": "2026-12-02T00:00:00+00:00", "command": "x", "cpu": {"model": "cpu", "usable_cores": 2},
-           "gpu": [], "software": {"python": "3.11"}, "threads": 2, "llama_cpp": {"built": False}}
-    t = lambda name, b: {"name": name, "backend": b, "path": "p", "sha256": "ab" * 32, "load_cold_s": _sp(1.0),
-                         "load_warm_s": _sp(0.2), "peak_rss_mib": _sp(300), "base": pt,
-                         "sweeps": {"block_size": [{"value": v, **pt} for v in (8, 16, 32, 64)]}}
-    return {"schema": "clover-gguf-eval/1", "kind": "speed",
-            "config": {"runs": 5, "warmup": 1, "threads": 2, "decoding": {"block_size": 16}, "environment": env},
-            "targets": [t("PyTorch BF16", "reference-bf16"), t("Q4_K", "runtime")], "notes": []}
+    pt = {
+        k: _sp(v)
+        for k, v in dict(
+            prompt_tps=900, gen_tps=40, ms_per_step=20, steps_per_block=3, tokens_per_step=5, ttfb_ms=90, total_ms=1500
+        ).items()
+    }
+    env = {
+        "created_utc": "2026-12-02T00:00:00+00:00",
+        "command": "x",
+        "cpu": {"model": "cpu", "usable_cores": 2},
+        "gpu": [],
+        "software": {"python": "3.11"},
+        "threads": 2,
+        "llama_cpp": {"built": False},
+    }
+    t = lambda name, b: {
+        "name": name,
+        "backend": b,
+        "path": "p",
+        "sha256": "ab" * 32,
+        "load_cold_s": _sp(1.0),
+        "load_warm_s": _sp(0.2),
+        "peak_rss_mib": _sp(300),
+        "base": pt,
+        "sweeps": {"block_size": [{"value": v, **pt} for v in (8, 16, 32, 64)]},
+    }
+    return {
+        "schema": "clover-gguf-eval/1",
+        "kind": "speed",
+        "config": {"runs": 5, "warmup": 1, "threads": 2, "decoding": {"block_size": 16}, "environment": env},
+        "targets": [t("PyTorch BF16", "reference-bf16"), t("Q4_K", "runtime")],
+        "notes": [],
+    }
 
 
 def test_report_renders_saved_quality_json(quality_run, tmp_path):
@@ -46,14 +64,25 @@ def test_report_renders_speed_and_bundle(tmp_path, quality_run):
     res = CliRunner().invoke(cli, ["report", str(tmp_path / "speed.json")])
     assert res.exit_code == 0, res.output
     md = (tmp_path / "report.md").read_text()
-    assert "40.00 [" not in md and "40.0 [37.6–42.4]" in md          # median [p10–p90]
+    assert "40.00 [" not in md and "40.0 [37.6–42.4]" in md  # median [p10–p90]
     assert "1.00×" in md and (tmp_path / "speed-block-size.png").is_file()
-    sens = {"kind": "sensitivity", "config": {**run["config"], "qtype": "q4_k", "base": "bf16"},
-            "groups": [{"group": "experts_down", "n_tensors": 2, "types": {"Q4_K": 2}, "group_bytes_base": 2 << 20,
-                        "group_bytes_q": 1 << 19, "overall": run["models"][1]["providers"]["reference-dequant"]["overall"],
-                        "kl_per_mib_saved": 0.01}]}
+    sens = {
+        "kind": "sensitivity",
+        "config": {**run["config"], "qtype": "q4_k", "base": "bf16"},
+        "groups": [
+            {
+                "group": "experts_down",
+                "n_tensors": 2,
+                "types": {"Q4_K": 2},
+                "group_bytes_base": 2 << 20,
+                "group_bytes_q": 1 << 19,
+                "overall": run["models"][1]["providers"]["reference-dequant"]["overall"],
+                "kl_per_mib_saved": 0.01,
+            }
+        ],
+    }
     bundle = {"kind": "bundle", "sections": {"quality": run, "speed": sp, "sensitivity": sens}}
-    (tmp_path / "b" ).mkdir()
+    (tmp_path / "b").mkdir()
     (tmp_path / "b" / "run.json").write_text(json.dumps(bundle))
     res = CliRunner().invoke(cli, ["report", str(tmp_path / "b" / "run.json")])
     assert res.exit_code == 0, res.output

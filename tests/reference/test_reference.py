@@ -1,14 +1,11 @@
 """The PyTorch reference against the spec's vectors, fla-core and the spec's invariants."""
 
 import importlib.util
-import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from clover_gguf.config import CloverConfig
 from clover_gguf.reference.delta_rule import chunked_scan, recurrent_update
 from clover_gguf.reference.generate import GenerationConfig, TorchBackend, generate, steps_schedule
 from clover_gguf.reference.model import CloverModel, l2norm, memory_readout
@@ -24,6 +21,7 @@ def t(x):
 
 
 # ---- spec test vectors -----------------------------------------------------------------
+
 
 def test_vector_block_empty_memory(model, vectors):
     c = vectors["block_empty_memory"]
@@ -51,8 +49,13 @@ def test_vector_short_block(model, vectors):
 
 def test_vector_greedy_steps(model, vectors):
     c = vectors["greedy_steps"]
-    cfg = GenerationConfig(max_new_tokens=c["max_new_tokens"], block_size=c["block_size"], steps=c["steps"],
-                           temperature=c["temperature"], mask_token_id=model.config.mask_token_id)
+    cfg = GenerationConfig(
+        max_new_tokens=c["max_new_tokens"],
+        block_size=c["block_size"],
+        steps=c["steps"],
+        temperature=c["temperature"],
+        mask_token_id=model.config.mask_token_id,
+    )
     r = generate(TorchBackend(model), c["prompt"], cfg)
     assert r.tokens == c["tokens"]
     assert [b.tokens_per_step for b in r.blocks] == [[2, 2, 2, 2]] * 3
@@ -67,6 +70,7 @@ def test_fused_and_per_expert_identical(vec_dir, vec_fused_dir):
 
 
 # ---- gated delta rule against fla-core ----------------------------------------------------
+
 
 def _fla_naive():
     # by file path: the fla package's __init__ needs triton
@@ -94,13 +98,22 @@ def test_delta_rule_matches_fla(H, Hkv, D):
     # fla on kv heads expanded to the query heads (the GQA grouping: head h reads group h // (H/Hkv))
     rep = H // Hkv
     ex = lambda x: x.repeat_interleave(rep, dim=2)
-    o_fla, S_fla = naive(q, ex(k), ex(v), ex(beta), ex(g), scale=1.0,
-                         initial_state=S0.repeat_interleave(rep, dim=1), output_final_state=True)
+    o_fla, S_fla = naive(
+        q,
+        ex(k),
+        ex(v),
+        ex(beta),
+        ex(g),
+        scale=1.0,
+        initial_state=S0.repeat_interleave(rep, dim=1),
+        output_final_state=True,
+    )
     # ours: per kv group, token order (recurrent) and block-chunked
     hf = lambda x: x.transpose(1, 2)  # [N, Hkv, T, ...]
     S_rec = recurrent_update(S0, hf(k), hf(v), hf(g), hf(beta))
-    blk = lambda x: x.reshape(N, nb, L, *x.shape[2:]).movedim(3, 2) if x.dim() == 4 else \
-        x.reshape(N, nb, L, Hkv).movedim(3, 2)
+    blk = lambda x: (
+        x.reshape(N, nb, L, *x.shape[2:]).movedim(3, 2) if x.dim() == 4 else x.reshape(N, nb, L, Hkv).movedim(3, 2)
+    )
     _, S_chunk = chunked_scan(S0, blk(k), blk(v), blk(g), blk(beta))
     S_fla_g = S_fla[:, ::rep]
     assert torch.allclose(S_rec, S_fla_g, atol=1e-5)
@@ -113,6 +126,7 @@ def test_delta_rule_matches_fla(H, Hkv, D):
 
 
 # ---- invariants of the spec --------------------------------------------------------------------
+
 
 def test_denoise_leaves_state_bit_identical(model):
     st = model.prefill(t([[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]), 8)
@@ -159,8 +173,10 @@ def test_topk_moe_equals_dense_sum(model):
     assert torch.allclose(w.sum(-1), torch.ones(12))  # norm_topk_prob
 
 
-@pytest.mark.parametrize("L,T,expect", [(8, 4, [2, 2, 2, 2]), (16, 5, [4, 3, 3, 3, 3]), (3, 8, [1, 1, 1]),
-                                        (32, 3, [11, 11, 10]), (7, 1, [7])])
+@pytest.mark.parametrize(
+    "L,T,expect",
+    [(8, 4, [2, 2, 2, 2]), (16, 5, [4, 3, 3, 3, 3]), (3, 8, [1, 1, 1]), (32, 3, [11, 11, 10]), (7, 1, [7])],
+)
 def test_steps_schedule(L, T, expect):
     assert steps_schedule(L, T) == expect
 
@@ -171,18 +187,27 @@ def test_generation_follows_schedule_and_eos(model):
     assert [b.tokens_per_step for b in r.blocks] == [[3, 3, 2], [3, 3, 2], [2, 2, 1]]
     assert len(r.tokens) == 21
     eos = r.tokens[10]
-    r2 = generate(TorchBackend(model), [1, 2, 3], GenerationConfig(max_new_tokens=21, block_size=8, steps=3,
-                                                                    mask_token_id=96, eos_token_id=eos))
+    r2 = generate(
+        TorchBackend(model),
+        [1, 2, 3],
+        GenerationConfig(max_new_tokens=21, block_size=8, steps=3, mask_token_id=96, eos_token_id=eos),
+    )
     assert r2.tokens == r.tokens[: r.tokens.index(eos)]
     assert len(r2.blocks) == r.tokens.index(eos) // 8 + 1
 
 
 def test_threshold_schedule_unmasks_confident_tokens(model):
-    r = generate(TorchBackend(model), [1, 2, 3], GenerationConfig(max_new_tokens=16, block_size=8, threshold=0.0,
-                                                                   mask_token_id=96))
+    r = generate(
+        TorchBackend(model),
+        [1, 2, 3],
+        GenerationConfig(max_new_tokens=16, block_size=8, threshold=0.0, mask_token_id=96),
+    )
     assert [b.tokens_per_step for b in r.blocks] == [[8], [8]]
-    r = generate(TorchBackend(model), [1, 2, 3], GenerationConfig(max_new_tokens=16, block_size=8, threshold=1.0,
-                                                                   mask_token_id=96))
+    r = generate(
+        TorchBackend(model),
+        [1, 2, 3],
+        GenerationConfig(max_new_tokens=16, block_size=8, threshold=1.0, mask_token_id=96),
+    )
     assert [b.tokens_per_step for b in r.blocks] == [[1] * 8] * 2
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import tarfile
 
-import pytest
-
 from clover_gguf.runtime import build as rb
 
 
@@ -27,8 +25,12 @@ def test_series_applies_to_fresh_sdist(tmp_path):
     with tarfile.open(sdist) as tf:
         members = []
         for m in tf.getmembers():
-            rel = m.name[len(prefix):] if m.name.startswith(prefix) else m.name
-            if rel in touched or rel.removeprefix("vendor/llama.cpp/") in touched and rel.startswith("vendor/llama.cpp/"):
+            rel = m.name[len(prefix) :] if m.name.startswith(prefix) else m.name
+            if (
+                rel in touched
+                or rel.removeprefix("vendor/llama.cpp/") in touched
+                and rel.startswith("vendor/llama.cpp/")
+            ):
                 members.append(m)
         tf.extractall(tmp_path, members=members, filter="data")
     tree = tmp_path / prefix.rstrip("/")

@@ -14,16 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from testdata import REPO, TINY  # noqa: F401
 
 from clover_gguf.reference.generate import GenerationConfig, TorchBackend, generate
 
-from conftest import REPO, TINY  # noqa: F401
 LOGIT_TOL = 1e-3
 KL_TOL = 1e-4
 STATE_TOL = 1e-4
 
 
 # ----------------------------------------------------------------------------- helpers
+
 
 def _load_lib_or_fail():
     from clover_gguf.runtime import bindings
@@ -40,8 +41,7 @@ def convert_f32(model_dir: Path, out: Path) -> Path:
 
     kw = dict(outtype="f32", force=True, progress=False, log=lambda *a, **k: None)
     last = None
-    for extra in (dict(experts="f32"), dict(experts="bf16", tensor_types=[r"ffn_.*_exps=f32"]),
-                  dict(experts="bf16")):
+    for extra in (dict(experts="f32"), dict(experts="bf16", tensor_types=[r"ffn_.*_exps=f32"]), dict(experts="bf16")):
         try:
             convert(model_dir, out, **kw, **extra)
             return out
@@ -82,6 +82,7 @@ def ref_states(state):
 
 # ----------------------------------------------------------------------------- fixtures
 
+
 @pytest.fixture(scope="session")
 def lib():
     return _load_lib_or_fail()
@@ -110,6 +111,7 @@ def vec_ref(vec_dir):
 
 
 # ----------------------------------------------------------------------------- spec vectors
+
 
 def test_metadata(vec_rt, vec_ref):
     c = vec_ref.config
@@ -144,8 +146,9 @@ def test_vector_short_block(vec_rt, vectors):
 
 def test_vector_greedy_steps_one_call(vec_rt, vectors):
     case = vectors["greedy_steps"]
-    cfg = GenerationConfig(max_new_tokens=case["max_new_tokens"], block_size=case["block_size"],
-                           steps=case["steps"], temperature=0.0)
+    cfg = GenerationConfig(
+        max_new_tokens=case["max_new_tokens"], block_size=case["block_size"], steps=case["steps"], temperature=0.0
+    )
     seen = []
     res = vec_rt.generate(case["prompt"], cfg, on_block=lambda toks, st: seen.append((toks, st)))
     assert res.tokens == case["tokens"]
@@ -159,14 +162,20 @@ def test_vector_greedy_steps_python_loop(vec_rt, vectors):
     from clover_gguf.runtime.runtime import RuntimeBackend
 
     case = vectors["greedy_steps"]
-    cfg = GenerationConfig(max_new_tokens=case["max_new_tokens"], block_size=case["block_size"],
-                           steps=case["steps"], temperature=0.0, mask_token_id=vec_rt.mask_token_id,
-                           eos_token_id=None)
+    cfg = GenerationConfig(
+        max_new_tokens=case["max_new_tokens"],
+        block_size=case["block_size"],
+        steps=case["steps"],
+        temperature=0.0,
+        mask_token_id=vec_rt.mask_token_id,
+        eos_token_id=None,
+    )
     res = generate(RuntimeBackend(vec_rt), case["prompt"], cfg)
     assert res.tokens == case["tokens"]
 
 
 # ----------------------------------------------------------------------------- vs PyTorch reference
+
 
 @pytest.mark.parametrize("hist", [0, 3, 8, 13, 16, 19, 40])
 def test_block_logits_vs_reference(vec_rt, vec_ref, hist):
@@ -207,9 +216,14 @@ def test_greedy_generation_vs_reference(vec_rt, vec_ref):
     V = vec_ref.config.vocab_size
     for prompt_len, B, steps in ((5, 8, 4), (21, 8, 8), (16, 4, 2)):
         prompt = [rng.randrange(V - 3) for _ in range(prompt_len)]
-        cfg = GenerationConfig(max_new_tokens=20, block_size=B, steps=steps, temperature=0.0,
-                               mask_token_id=vec_ref.config.mask_token_id,
-                               eos_token_id=vec_ref.config.eos_token_id)  # the runtime stops at EOS
+        cfg = GenerationConfig(
+            max_new_tokens=20,
+            block_size=B,
+            steps=steps,
+            temperature=0.0,
+            mask_token_id=vec_ref.config.mask_token_id,
+            eos_token_id=vec_ref.config.eos_token_id,
+        )  # the runtime stops at EOS
         ref = generate(TorchBackend(vec_ref, "blockwise"), prompt, cfg)
         got = vec_rt.generate(prompt, cfg)
         assert got.tokens == ref.tokens, f"prompt {prompt_len}, B {B}, steps {steps}"
@@ -225,7 +239,7 @@ def test_parallel_prefill_equals_blockwise(vec_rt):
     par = [vec_rt.state(i) for i in range(vec_rt.n_layer)]
     vec_rt.reset()
     for s in range(0, len(prompt), 8):
-        vec_rt.commit(prompt[s:s + 8], 8)
+        vec_rt.commit(prompt[s : s + 8], 8)
     blk = [vec_rt.state(i) for i in range(vec_rt.n_layer)]
     worst = max(float(np.abs(a - b).max()) for a, b in zip(par, blk))
     assert worst < 1e-5, f"parallel vs block-by-block prefill: state max|diff| {worst:.2e}"
@@ -251,6 +265,7 @@ def test_reset_clears_state(vec_rt):
 
 # ----------------------------------------------------------------------------- clover-tiny
 
+
 def _tiny_present():
     return (TINY / "config.json").exists() and any(TINY.glob("*.safetensors"))
 
@@ -271,16 +286,23 @@ def tiny(lib, tmp_path_factory):
 def test_tiny_parity(tiny):
     rt, ref = tiny
     B = ref.config.block_size
-    prompt = rt.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
+    prompt = rt.tokenize('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n')
     rt.reset()
     rt.commit(prompt, B)
     state = ref.prefill(torch.tensor([prompt]), B)
     assert_states_close(ref_states(state), rt, "clover-tiny state after the prompt")
     blk = [ref.config.mask_token_id] * B
-    assert_logits_close(ref.block_logits(torch.tensor([blk]), len(prompt), state)[0],
-                        rt.block_logits(blk), "clover-tiny masked block")
-    cfg = GenerationConfig(max_new_tokens=2 * B, block_size=B, steps=B // 2, temperature=0.0,
-                           mask_token_id=ref.config.mask_token_id, eos_token_id=rt.eos_token_id)
+    assert_logits_close(
+        ref.block_logits(torch.tensor([blk]), len(prompt), state)[0], rt.block_logits(blk), "clover-tiny masked block"
+    )
+    cfg = GenerationConfig(
+        max_new_tokens=2 * B,
+        block_size=B,
+        steps=B // 2,
+        temperature=0.0,
+        mask_token_id=ref.config.mask_token_id,
+        eos_token_id=rt.eos_token_id,
+    )
     want = generate(TorchBackend(ref, "blockwise"), prompt, cfg).tokens
     assert rt.generate(prompt, cfg).tokens == want
 
@@ -288,6 +310,7 @@ def test_tiny_parity(tiny):
 # ----------------------------------------------------------------------------- tokenizer, template, overrides
 # clover-tiny shapes (2 layers, random weights) with the project's BPE tokenizer: the GGUF
 # vocabulary, chat template and expert buffer overrides, and parity at D = 64.
+
 
 @pytest.fixture(scope="session")
 def tok_model(lib, tmp_path_factory):
@@ -300,9 +323,14 @@ def tok_model(lib, tmp_path_factory):
     assert (TINY / "tokenizer.json").exists(), f"no tokenizer in {TINY}"
     tok = CloverTokenizer.from_dir(TINY)
     d = tmp_path_factory.mktemp("tiny-shapes")
-    cfg = preset("clover-tiny", vocab_size=max(tok.vocab_size, 256), mask_token_id=tok.mask_id,
-                 bos_token_id=tok.bos_id if tok.bos_id is not None else tok.eos_id,
-                 eos_token_id=tok.eos_id, pad_token_id=tok.pad_id if tok.pad_id is not None else tok.eos_id)
+    cfg = preset(
+        "clover-tiny",
+        vocab_size=max(tok.vocab_size, 256),
+        mask_token_id=tok.mask_id,
+        bos_token_id=tok.bos_id if tok.bos_id is not None else tok.eos_id,
+        eos_token_id=tok.eos_id,
+        pad_token_id=tok.pad_id if tok.pad_id is not None else tok.eos_id,
+    )
     write_synthetic(d / "hf", cfg, layers=2, progress=False)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(TINY / f, d / "hf" / f)
@@ -315,8 +343,12 @@ def test_tokenizer_matches_reference(tok_model):
 
     _, gguf, tok = tok_model
     with CloverRuntime(gguf, n_threads=1) as rt:
-        for text in ("def f(x):\n    return x + 1\n", "import os, sys  # héllo\n\tpass",
-                     "<|im_start|>user\nhi<|im_end|>\n", "   spaces   and\n\n\nnewlines"):
+        for text in (
+            "def f(x):\n    return x + 1\n",
+            "import os, sys  # héllo\n\tpass",
+            "<|im_start|>user\nhi<|im_end|>\n",
+            "   spaces   and\n\n\nnewlines",
+        ):
             ids = rt.tokenize(text)
             assert ids == tok.encode(text), repr(text)
             assert rt.detokenize(ids) == tok.decode(ids), repr(text)
@@ -326,13 +358,11 @@ def test_chat_prompt_matches_reference(tok_model):
     from clover_gguf.runtime.runtime import CloverRuntime
 
     _, gguf, tok = tok_model
-    msgs = [{"role": "system", "content": "You write Python."},
-            {"role": "user", "content": "Sort a list."}]
+    msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Sort a list."}]
     with CloverRuntime(gguf, n_threads=1) as rt:
         assert rt.chat_template == tok.chat_template
         for think in (False, True):
-            assert rt.chat_prompt(msgs, enable_thinking=think) == \
-                tok.apply_chat_template(msgs, enable_thinking=think)
+            assert rt.chat_prompt(msgs, enable_thinking=think) == tok.apply_chat_template(msgs, enable_thinking=think)
 
 
 def test_tiny_shapes_parity_and_experts_on_cpu(tok_model):
@@ -352,12 +382,19 @@ def test_tiny_shapes_parity_and_experts_on_cpu(tok_model):
             rt.commit(prompt, B)
             assert_states_close(ref_states(state), rt, f"tiny shapes, experts_on_cpu={eoc}")
             assert_logits_close(want, rt.block_logits(blk), f"tiny shapes, experts_on_cpu={eoc}")
-            cfg = GenerationConfig(max_new_tokens=2 * B, block_size=B, steps=B // 4, temperature=0.0,
-                                   mask_token_id=ref.config.mask_token_id, eos_token_id=rt.eos_token_id)
+            cfg = GenerationConfig(
+                max_new_tokens=2 * B,
+                block_size=B,
+                steps=B // 4,
+                temperature=0.0,
+                mask_token_id=ref.config.mask_token_id,
+                eos_token_id=rt.eos_token_id,
+            )
             assert rt.generate(prompt, cfg).tokens == generate(TorchBackend(ref, "blockwise"), prompt, cfg).tokens
 
 
 # ----------------------------------------------------------------------------- native test programs
+
 
 def _bin(name):
     from clover_gguf.runtime.build import runtime_paths
@@ -371,14 +408,22 @@ def _bin(name):
 def test_native_test_clover(vec_gguf, vec_dir):
     import subprocess
 
-    r = subprocess.run([str(_bin("test-clover")), str(vec_gguf), str(vec_dir.parent / "vectors.json")],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [str(_bin("test-clover")), str(vec_gguf), str(vec_dir.parent / "vectors.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0 and "ALL OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
 
 
 def test_native_backend_ops_gated_delta_net(lib):
     import subprocess
 
-    r = subprocess.run([str(_bin("test-backend-ops")), "test", "-b", "CPU", "-o", "GATED_DELTA_NET"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [str(_bin("test-backend-ops")), "test", "-b", "CPU", "-o", "GATED_DELTA_NET"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

@@ -8,17 +8,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clover_gguf.train import trainer as T
 from clover_gguf.config import preset
 from clover_gguf.reference.model import CloverModel
-
-
+from clover_gguf.train import trainer as T
 
 
 def tiny_config(**kw):
-    d = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-             shared_expert_intermediate_size=16, block_size=4)
+    d = dict(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        block_size=4,
+    )
     d.update(kw)
     return preset("clover-tiny", **d)
 
@@ -43,7 +51,7 @@ def test_sample_batch_masks_only_valid_and_t_range():
     assert b.t.shape == (8, 5) and (b.t > 1e-3).all() and (b.t <= 1).all()
     assert not (b.masked & ~b.valid).any()
     assert (b.noisy[b.masked] == 1).all() and (b.noisy[~b.masked] == b.clean[~b.masked]).all()
-    assert ((b.clean == 0) == ~b.valid).all()   # stream has no 0s: pads are exactly the invalid slots
+    assert ((b.clean == 0) == ~b.valid).all()  # stream has no 0s: pads are exactly the invalid slots
     # each sequence holds r + (nb-1)B real tokens, r in [1, B]
     n = b.valid.sum((1, 2))
     assert ((n >= 1 + 16) & (n <= 4 + 16)).all()
@@ -57,15 +65,21 @@ def test_nelbo_is_weighted_masked_ce_hand_case():
     t = torch.tensor([[0.5, 0.25], [1.0, 0.8]])
     b = T.Batch(clean=clean, noisy=clean, pos=torch.zeros_like(clean), valid=valid, masked=masked, t=t)
     # logits at the 4 masked positions, in row-major order of `masked`
-    logits = torch.tensor([[0.0, 0.0, 0.0],      # seq0 blk0 slot0, target 2, t=0.5
-                           [1.0, 0.0, 2.0],      # seq0 blk1 slot1, target 2, t=0.25
-                           [0.0, math.log(3), 0.0],  # seq1 blk0 slot0, target 0, t=1
-                           [0.0, 0.0, 5.0]])     # seq1 blk0 slot1, target 1, t=1
-    ce = [math.log(3),
-          -(2.0 - math.log(math.exp(1) + 1 + math.exp(2))),
-          -(0.0 - math.log(1 + 3 + 1)),
-          -(0.0 - math.log(2 + math.exp(5)))]
-    want = (ce[0] / 0.5 + ce[1] / 0.25 + ce[2] / 1.0 + ce[3] / 1.0) / 7   # 7 real tokens
+    logits = torch.tensor(
+        [
+            [0.0, 0.0, 0.0],  # seq0 blk0 slot0, target 2, t=0.5
+            [1.0, 0.0, 2.0],  # seq0 blk1 slot1, target 2, t=0.25
+            [0.0, math.log(3), 0.0],  # seq1 blk0 slot0, target 0, t=1
+            [0.0, 0.0, 5.0],
+        ]
+    )  # seq1 blk0 slot1, target 1, t=1
+    ce = [
+        math.log(3),
+        -(2.0 - math.log(math.exp(1) + 1 + math.exp(2))),
+        -(0.0 - math.log(1 + 3 + 1)),
+        -(0.0 - math.log(2 + math.exp(5))),
+    ]
+    want = (ce[0] / 0.5 + ce[1] / 0.25 + ce[2] / 1.0 + ce[3] / 1.0) / 7  # 7 real tokens
     loss, ce_got = T.nelbo_from_logits(logits, b)
     assert loss.item() == pytest.approx(want, rel=1e-6)
     assert ce_got.tolist() == pytest.approx(ce, rel=1e-6)
@@ -80,7 +94,7 @@ def test_diffusion_loss_matches_full_logits():
     b = T.sample_batch(torch.randint(2, 64, (500,)), 3, 4, 4, g, mask_id=1, pad_id=0)
     loss, _ = T.diffusion_loss(m, b)
     with torch.no_grad():
-        full = m.forward_train(b.clean, b.noisy, b.pos, b.valid)   # [N, nb, B, V]
+        full = m.forward_train(b.clean, b.noisy, b.pos, b.valid)  # [N, nb, B, V]
     tot = 0.0
     for n, k, j in b.masked.nonzero().tolist():
         tot += F.cross_entropy(full[n, k, j][None], b.clean[n, k, j][None]).item() / b.t[n, k].item()
@@ -90,13 +104,13 @@ def test_diffusion_loss_matches_full_logits():
 def test_init_weights():
     c = tiny_config()
     m = T.new_model(c, 0)
-    for l in m.layers:
-        mem = l.self_attn.memory
+    for layer in m.layers:
+        mem = layer.self_attn.memory
         assert ((mem.A_log >= 0) & (mem.A_log <= math.log(16) + 1e-6)).all()
         dt = F.softplus(mem.dt_bias)
         assert ((dt > 0.9e-3) & (dt < 0.11)).all()
-        assert (l.input_layernorm.weight == 1).all() and (mem.calibration == 1).all()
-        assert 0.01 < l.mlp.experts.gate_up_proj.std().item() < 0.03
+        assert (layer.input_layernorm.weight == 1).all() and (mem.calibration == 1).all()
+        assert 0.01 < layer.mlp.experts.gate_up_proj.std().item() < 0.03
     assert all(torch.isfinite(p).all() for p in m.parameters())
     m2 = T.new_model(c, 0)
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
@@ -119,15 +133,24 @@ def test_few_steps_decrease_loss_on_fixed_batch(precision):
     with torch.no_grad():
         after = T.diffusion_loss(m, b)[0].item()
     assert after < before - 0.3, (before, after)
-    if ms is not None:   # the model holds the bf16-rounded master weights
+    if ms is not None:  # the model holds the bf16-rounded master weights
         assert all(torch.equal(p, q.to(torch.bfloat16)) for p, q in zip(ms.params, ms.master))
 
 
 def test_train_loop_checkpoint_and_save(tmp_path):
     c = tiny_config()
     m = T.new_model(c, 0)
-    tc = T.TrainConfig(max_steps=4, warmup_steps=1, threads=1, tokens_per_batch=64, seq_tokens=8, block_sizes=(4, 8),
-                       block_probs=(0.5, 0.5), ckpt_dir=str(tmp_path / "ck"), log_every=2)
+    tc = T.TrainConfig(
+        max_steps=4,
+        warmup_steps=1,
+        threads=1,
+        tokens_per_batch=64,
+        seq_tokens=8,
+        block_sizes=(4, 8),
+        block_probs=(0.5, 0.5),
+        ckpt_dir=str(tmp_path / "ck"),
+        log_every=2,
+    )
     log = T.train(m, torch.randint(2, 64, (3000,)), tc, log_fn=lambda s: None)
     assert log["step"] == 4 and log["tokens"] > 0 and len(log["steps"]) == 4
     assert (tmp_path / "ck" / "ckpt-last.pt").is_file()
@@ -137,8 +160,13 @@ def test_train_loop_checkpoint_and_save(tmp_path):
     assert torch.equal(m2.lm_head.weight, m.lm_head.weight.to(torch.bfloat16).float())
     # resume continues the step count
     tc2 = T.TrainConfig(**{**tc.__dict__, "max_steps": 6})
-    log2 = T.train(T.new_model(c, 1), torch.randint(2, 64, (3000,)), tc2, log_fn=lambda s: None,
-                   resume=tmp_path / "ck" / "ckpt-last.pt")
+    log2 = T.train(
+        T.new_model(c, 1),
+        torch.randint(2, 64, (3000,)),
+        tc2,
+        log_fn=lambda s: None,
+        resume=tmp_path / "ck" / "ckpt-last.pt",
+    )
     assert log2["step"] == 6
 
 

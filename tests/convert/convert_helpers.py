@@ -7,37 +7,52 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
+from testdata import REPO, TINY, VECTORS  # noqa: F401
 
-from clover_gguf.convert import ggml_lib
 from clover_gguf.config import preset
-
-from conftest import REPO, TINY, VECTORS  # noqa: F401
+from clover_gguf.convert import ggml_lib
 
 
 def require_ggml():
     """libggml-base for the bit-exactness tests. Never skips: CI builds the runtime first."""
     lib = ggml_lib.load(required=False)
-    assert lib is not None, ("libggml-base not found, so ggml bit-exactness cannot be tested. "
-                             + ggml_lib.BUILD_HINT + f" Looked in: {ggml_lib.candidate_paths() or 'nothing found'}")
+    assert lib is not None, (
+        "libggml-base not found, so ggml bit-exactness cannot be tested. "
+        + ggml_lib.BUILD_HINT
+        + f" Looked in: {ggml_lib.candidate_paths() or 'nothing found'}"
+    )
     return lib
 
 
 def small_config(**over):
     """A small config whose rows are multiples of 256 (k-quants without fallback)."""
-    d = dict(vocab_size=320, hidden_size=256, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=128, num_experts=4, num_experts_per_tok=2,
-             moe_intermediate_size=256, shared_expert_intermediate_size=256, mask_token_id=1,
-             bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    d = dict(
+        vocab_size=320,
+        hidden_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=128,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+        mask_token_id=1,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     d.update(over)
     return preset("clover-tiny", **d)
 
 
 def write_synth(out_dir, fused=False, seed=0, shard_size_mb=2000, **over):
     from clover_gguf.gguf_io.synth import write_synthetic
-    return write_synthetic(out_dir, small_config(**over), fused=fused, seed=seed,
-                           shard_size_mb=shard_size_mb, progress=False)
+
+    return write_synthetic(
+        out_dir, small_config(**over), fused=fused, seed=seed, shard_size_mb=shard_size_mb, progress=False
+    )
 
 
 def fused_copy(src: Path, dst: Path) -> Path:
@@ -47,17 +62,10 @@ def fused_copy(src: Path, dst: Path) -> Path:
     from safetensors.torch import save_file
 
     from clover_gguf.checkpoint import load_tensors
-    from clover_gguf.constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER
+    from clover_gguf.reference.model import sanitize
+
     cfg, t = load_tensors(src)
-    out = {}
-    for n, v in t.items():
-        if ".experts." not in n:
-            out[n] = v.contiguous()
-    for i in range(cfg.num_hidden_layers):
-        def st(proj):
-            return torch.stack([t[HF_EXPERT_PER.format(bid=i, xid=x, proj=proj)] for x in range(cfg.num_experts)])
-        out[HF_EXPERT_FUSED_GATE_UP.format(bid=i)] = torch.cat([st("gate"), st("up")], 1).contiguous()
-        out[HF_EXPERT_FUSED_DOWN.format(bid=i)] = st("down").contiguous()
+    out = {n: v.contiguous() for n, v in sanitize(cfg, t).items()}
     dst.mkdir(parents=True)
     save_file(out, str(dst / "model.safetensors"))
     shutil.copy(src / "config.json", dst / "config.json")
@@ -67,7 +75,7 @@ def fused_copy(src: Path, dst: Path) -> Path:
 def read_st(path: Path) -> tuple[dict, int, bytes]:
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8:8 + n]), 8 + n, raw
+    return json.loads(raw[8 : 8 + n]), 8 + n, raw
 
 
 def rewrite_st(path: Path, header: dict, data: bytes) -> None:
@@ -81,7 +89,7 @@ def poke_tensor(path: Path, name: str, value: float, index: int = 0) -> None:
     header, start, raw = read_st(path)
     off = start + header[name]["data_offsets"][0] + 2 * index
     b = torch.tensor([value], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
-    raw = raw[:off] + b + raw[off + 2:]
+    raw = raw[:off] + b + raw[off + 2 :]
     path.write_bytes(raw)
 
 
@@ -100,16 +108,9 @@ def ggml_like_llama_quantize(lib, qtype: int, stack: np.ndarray, imatrix: np.nda
 
 def gguf_tensor_bytes(path, name) -> bytes:
     from gguf import GGUFReader
+
     r = GGUFReader(path)
     for t in r.tensors:
         if t.name == name:
             return np.asarray(t.data).tobytes()
     raise KeyError(name)
-
-
-@pytest.fixture
-def no_ggml(monkeypatch):
-    """Pretend libggml is absent."""
-    monkeypatch.setattr(ggml_lib, "_lib", None)
-    monkeypatch.setattr(ggml_lib, "candidate_paths", lambda: [])
-    yield
