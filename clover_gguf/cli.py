@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import __version__
+from .constants import DEFAULT_THRESHOLD
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,7 +33,11 @@ def _ids(ctx, param, value):
 @click.option("-n", "--max-new-tokens", default=64, show_default=True)
 @click.option("--block-size", type=int, help="Decoding block size [default: the model's].")
 @click.option("--steps", type=int, help="`steps` schedule: denoising steps per block.")
-@click.option("--threshold", type=float, help="`threshold` schedule: unmask every token this confident [default: 0.9].")
+@click.option(
+    "--threshold",
+    type=float,
+    help=f"`threshold` schedule: unmask every token this confident [default: {DEFAULT_THRESHOLD}].",
+)
 @click.option("--temp", default=0.0, show_default=True, help="Temperature; 0 is greedy.")
 @click.option("--top-k", default=0, show_default=True)
 @click.option("--top-p", default=1.0, show_default=True)

@@ -42,6 +42,9 @@ CONFIG_KEYS: dict[str, type] = {
 # l2norm(x) = x / sqrt(sum(x^2) + L2NORM_EPS)  (spec section 2.3)
 L2NORM_EPS = 1e-6
 
+# the threshold schedule's default confidence (docs/CONTRACTS.md)
+DEFAULT_THRESHOLD = 0.9
+
 
 # --- GGUF metadata keys (arch-prefixed keys use "{arch}") ------------------------------
 class Keys:

@@ -31,11 +31,12 @@ import sys
 import time
 from pathlib import Path
 
+from ..constants import DEFAULT_THRESHOLD
 from ..util import REPO_ROOT
 from .metrics import spread
 
 SWEEP_PARAMS = ("block_size", "threshold", "steps", "prompt_len", "max_new_tokens")
-DEFAULT_BASE = {"block_size": 16, "steps": None, "threshold": 0.9, "prompt_len": 64, "max_new_tokens": 64}
+DEFAULT_BASE = {"block_size": 16, "steps": None, "threshold": DEFAULT_THRESHOLD, "prompt_len": 64, "max_new_tokens": 64}
 
 
 def parse_sweep(specs) -> dict[str, list]:

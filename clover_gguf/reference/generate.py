@@ -10,6 +10,9 @@ from typing import Protocol
 
 import torch
 
+from ..constants import DEFAULT_THRESHOLD
+from .sampling import candidates, row_key, step_key
+
 
 class LogitsBackend(Protocol):
     """What the loop needs from a model: commit a prompt, denoise a block, commit a block."""
@@ -43,7 +46,7 @@ class GenerationConfig:
     max_new_tokens: int = 64
     block_size: int = 16
     steps: int | None = None  # `steps` schedule: T steps per block
-    threshold: float | None = None  # `threshold` schedule (used when steps is None); default 0.9
+    threshold: float | None = None  # `threshold` schedule (used when steps is None); default DEFAULT_THRESHOLD
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
@@ -93,48 +96,32 @@ def steps_schedule(n_masked: int, steps: int) -> list[int]:
     return [base + (1 if s < rem else 0) for s in range(T)]
 
 
-def candidates(logits: torch.Tensor, cfg: GenerationConfig, gen: torch.Generator):
-    """Candidate token and its confidence for each row of logits [n, V] (see CONTRACTS.md:
-    confidence = p(candidate) under softmax(logits / T), before top-k/top-p)."""
-    logits = logits.float().clone()
-    logits[:, cfg.mask_token_id] = -torch.inf  # the mask token is never a candidate
-    if cfg.temperature == 0:
-        probs = torch.softmax(logits, -1)
-        conf, tok = probs.max(-1)  # max() returns the lowest index among ties
-        return tok, conf
-    scaled = logits / cfg.temperature
-    probs = torch.softmax(scaled, -1)
-    filt = scaled.clone()
-    if cfg.top_k > 0 and cfg.top_k < filt.shape[-1]:
-        kth = torch.topk(filt, cfg.top_k, -1).values[..., -1:]
-        filt[filt < kth] = -torch.inf
-    if cfg.top_p < 1.0:
-        srt, idx = torch.sort(filt, -1, descending=True)
-        cum = torch.softmax(srt, -1).cumsum(-1)
-        drop = cum - torch.softmax(srt, -1) >= cfg.top_p  # keep the smallest prefix reaching top_p
-        srt[drop] = -torch.inf
-        filt = torch.full_like(filt, -torch.inf).scatter(-1, idx, srt)
-    tok = torch.multinomial(torch.softmax(filt, -1), 1, generator=gen)[:, 0]
-    return tok, probs.gather(-1, tok[:, None])[:, 0]
-
-
 def pick(conf: torch.Tensor, n: int) -> torch.Tensor:
     """Indices of the n most confident entries, ties to the lower index."""
     order = torch.sort(-conf, stable=True).indices
     return order[:n]
 
 
-def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, gen: torch.Generator, index: int = 0):
-    """Run one block from all-mask to clean. Returns (tokens, BlockStats)."""
+def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, index: int = 0, pos0: int = 0):
+    """Run one block (the index-th generated block, at position pos0) from all-mask to clean.
+    Returns (tokens, BlockStats)."""
     block = [cfg.mask_token_id] * L
     masked = list(range(L))
     stats = BlockStats(index=index, n_tokens=L, steps=0)
     plan = steps_schedule(L, cfg.steps) if cfg.steps is not None else None
-    thr = cfg.threshold if cfg.threshold is not None else 0.9
+    thr = cfg.threshold if cfg.threshold is not None else DEFAULT_THRESHOLD
     while masked:
         t0 = time.perf_counter()
         logits = backend.block_logits(block)
-        tok, conf = candidates(logits[masked], cfg, gen)
+        skey = step_key(cfg.seed, index, stats.steps)
+        tok, conf = candidates(
+            logits[masked],
+            [row_key(skey, pos0 + i) for i in masked],
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            mask_token_id=cfg.mask_token_id,
+        )
         if plan is not None:
             chosen = pick(conf, plan[stats.steps])
         else:
@@ -160,7 +147,6 @@ def generate(
     """Prefill, then blocks of cfg.block_size until max_new_tokens or a block holding EOS.
     `on_block(tokens, stats)` is called after each block; returning False stops."""
     cfg.validate()
-    gen = torch.Generator().manual_seed(cfg.seed)
     t_start = time.perf_counter()
     backend.prefill(list(prompt), cfg.block_size)
     prefill_ms = (time.perf_counter() - t_start) * 1e3
@@ -168,7 +154,7 @@ def generate(
     blocks: list[BlockStats] = []
     while len(out) < cfg.max_new_tokens:
         L = min(cfg.block_size, cfg.max_new_tokens - len(out))
-        block, stats = denoise_block(backend, L, cfg, gen, index=len(blocks))
+        block, stats = denoise_block(backend, L, cfg, index=len(blocks), pos0=len(prompt) + len(out))
         out.extend(block)
         blocks.append(stats)
         stop = cfg.eos_token_id is not None and cfg.eos_token_id in block
