@@ -423,8 +423,10 @@ def agent_cmd(
             api_key=api_key,
             log=lambda m: click.echo(m, err=True),
         )
-    except (ValueError, OSError, RuntimeError, OpenAIError) as e:
-        raise click.ClickException(f"{type(e).__name__}: {e}") from None
+    except (ValueError, OSError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    except OpenAIError as e:
+        raise click.ClickException(f"{type(e).__name__} from {url or 'the server'}: {e}") from None
     click.echo(f"wrote {Path(out_dir) / 'report.md'}")
 
 
