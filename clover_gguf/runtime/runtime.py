@@ -281,11 +281,11 @@ class CloverRuntime:
         has no entry point for that yet, so the step-level loop (reference.generate) drives it."""
         cfg = cfg or GenerationConfig(block_size=self.default_block_size)
         cfg.validate()
+        if cfg.block_size > self.n_ubatch:
+            raise ValueError(f"block_size {cfg.block_size} > n_ubatch {self.n_ubatch}")
         if not reset:
             c = dataclasses.replace(cfg, mask_token_id=self.mask_token_id, eos_token_id=self.eos_token_id)
             return generate_loop(RuntimeBackend(self, reset=False), [int(t) for t in prompt_ids], c, on_block)
-        if cfg.block_size > self.n_ubatch:
-            raise ValueError(f"block_size {cfg.block_size} > n_ubatch {self.n_ubatch}")
         prompt = [int(t) for t in prompt_ids]
         blocks: list[BlockStats] = []
         err: list[BaseException] = []
