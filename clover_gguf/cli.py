@@ -311,6 +311,53 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
     click.echo(f"wrote {out}: {len(im.entries)} entries, {im.chunk_count} chunks of {im.chunk_size} tokens")
 
 
+# --- serve --------------------------------------------------------------------------------
+
+
+@cli.command("serve")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True)
+@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, help="Layers offloaded to the GPU.")
+@click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading.")
+@click.option("-t", "--threads", type=int, help="CPU threads.")
+@click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="Require this key (Bearer) on every route but /health.")
+@click.option("-np", "--parallel", default=1, show_default=True, help="Requests decoded as one group.")
+@click.option("--ctx-cache", default=16, show_default=True, help="Memory snapshots kept for state reuse (0: off).")
+@click.option("-c", "--ctx-size", type=int, help="Context limit in tokens [default: the GGUF's context_length].")
+def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, threads, api_key, parallel, ctx_cache, ctx_size):
+    """OpenAI-compatible server for a Clover GGUF: /v1/completions and /v1/chat/completions
+    (SSE streaming, one event per committed block), /v1/models, /health, /props. A turn that
+    extends an earlier conversation prefills only its new tokens. Needs `pip install 'clover-gguf[server]'`.
+
+    \b
+    clover-gguf serve out/clover-tiny-q4_k.gguf --port 8080 -t 2
+    clover-gguf serve model.gguf -ngl 99 --experts-on-cpu --api-key secret --parallel 4 --ctx-cache 32
+    \b
+    Request extensions: "clover": {"block_size": 32, "steps": 8 | "threshold": 0.9, "cache_prompt": true},
+    "chat_template_kwargs": {"enable_thinking": false}, "top_k". See docs/serving.md.
+    """
+    from .runtime.bindings import RuntimeNotBuilt
+    from .serve import serve
+
+    try:
+        serve(
+            model,
+            host=host,
+            port=port,
+            threads=threads,
+            n_gpu_layers=n_gpu_layers,
+            experts_on_cpu=experts_on_cpu,
+            api_key=api_key,
+            parallel=parallel,
+            ctx_cache=ctx_cache,
+            ctx_size=ctx_size,
+            log=lambda m: click.echo(m, err=True),
+        )
+    except (ValueError, OSError, RuntimeError, RuntimeNotBuilt) as e:
+        raise click.ClickException(str(e)) from None
+
+
 # --- runtime commands (runtime build) ---------------------------------------------------
 
 

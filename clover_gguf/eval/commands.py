@@ -376,6 +376,60 @@ def baseline_cmd(
         click.echo(f"stage {stage} done ({work_dir})")
 
 
+@eval_group.command("agent")
+@click.argument("model", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--url", help="A running clover-gguf serve (default http://127.0.0.1:8080 when no MODEL is given).")
+@click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="The server's API key.")
+@click.option("--traces", multiple=True, type=click.Path(exists=True), help="Trace files/folders [evaldata/agent].")
+@click.option("--repeats", default=3, show_default=True, help="Replays per trace and mode (median, p10, p90).")
+@click.option("--max-tokens", default=64, show_default=True, help="Reply length per turn.")
+@click.option("--block-size", type=int, help="clover.block_size [default: the model's].")
+@click.option("--steps", type=int, help="clover.steps (default: the threshold schedule).")
+@click.option("--threshold", type=float, help="clover.threshold [server default 0.9].")
+@click.option("-t", "--threads", type=int, help="Server threads (with MODEL).")
+@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, help="Server GPU layers (with MODEL).")
+@click.option("--experts-on-cpu", is_flag=True, help="Server keeps experts on the CPU (with MODEL).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/agent", show_default=True)
+def agent_cmd(
+    model, url, api_key, traces, repeats, max_tokens, block_size, steps, threshold, threads, n_gpu_layers,
+    experts_on_cpu, out_dir,
+):  # fmt: skip
+    """Agent-loop benchmark: replay multi-turn coding-agent traces (evaldata/agent) through the
+    openai client, streaming, cold (no state reuse) and warm; report model vs tool time, first
+    block, prefill vs reused tokens. With MODEL, starts `clover-gguf serve MODEL` itself.
+
+    \b
+    clover-gguf eval agent out/clover-tiny-q4_k.gguf -t 2 --repeats 3
+    clover-gguf eval agent --url http://127.0.0.1:8080 --max-tokens 128 --steps 8
+    """
+    from openai import OpenAIError
+
+    from .agent import run_agent_eval
+
+    clover = {k: v for k, v in (("block_size", block_size), ("steps", steps), ("threshold", threshold)) if v}
+    srv = ["-ngl", str(n_gpu_layers)] + (["-t", str(threads)] if threads else [])
+    srv += ["--experts-on-cpu"] if experts_on_cpu else []
+    srv += ["--api-key", api_key] if api_key else []
+    try:
+        run_agent_eval(
+            model,
+            url,
+            server_args=tuple(srv),
+            out_dir=out_dir,
+            traces=list(traces) or None,
+            repeats=repeats,
+            max_tokens=max_tokens,
+            clover=clover,
+            api_key=api_key,
+            log=lambda m: click.echo(m, err=True),
+        )
+    except (ValueError, OSError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    except OpenAIError as e:
+        raise click.ClickException(f"{type(e).__name__} from {url or 'the server'}: {e}") from None
+    click.echo(f"wrote {Path(out_dir) / 'report.md'}")
+
+
 @click.command("report")
 @click.argument("run_json", type=click.Path(exists=True, dir_okay=False))
 @click.option(

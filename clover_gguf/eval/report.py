@@ -610,6 +610,10 @@ def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str
         run = json.loads(src.read_text())
     out = Path(out_dir) if out_dir else (src.parent if src else Path("."))
     out.mkdir(parents=True, exist_ok=True)
+    if run.get("kind") == "agent":
+        from .agent import render_agent
+
+        return render_agent(run, out)
     secs = sections(run)
     if not secs or not set(secs) <= {"quality", "speed", "sensitivity"}:
         raise ValueError(f"not an eval run: kind={run.get('kind')!r}")

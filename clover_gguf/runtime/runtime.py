@@ -14,6 +14,7 @@ reference).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from ..reference.generate import BlockStats, GenerationConfig, GenerationResult
+from ..reference.generate import generate as generate_loop
 from ..util import default_threads
 from . import bindings as B
 from .bindings import RuntimeNotBuilt  # noqa: F401  (re-exported)
@@ -237,6 +239,21 @@ class CloverRuntime:
     def states(self) -> list[np.ndarray]:
         return [self.state(i) for i in range(self.n_layer)]
 
+    def save_state(self) -> bytes:
+        """The whole memory of sequence 0 (states and committed position), for load_state."""
+        lc = self._lib.lc
+        n = int(lc.llama_state_seq_get_size(self.ctx, 0))
+        buf = (ctypes.c_uint8 * n)()
+        if int(lc.llama_state_seq_get_data(self.ctx, buf, n, 0)) != n:
+            raise RuntimeError_("llama_state_seq_get_data failed")
+        return bytes(buf)
+
+    def load_state(self, blob: bytes) -> None:
+        """Replace the memory by a save_state snapshot (bit-exact)."""
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if int(self._lib.lc.llama_state_seq_set_data(self.ctx, buf, len(blob), 0)) != len(blob):
+            raise RuntimeError_("llama_state_seq_set_data failed: a snapshot of another model or context?")
+
     # ---------------------------------------------------------------- generation
     def gen_params(self, cfg: GenerationConfig) -> B.clover_gen_params:
         p = self._lib.clover_gen_default_params()
@@ -255,14 +272,20 @@ class CloverRuntime:
         prompt_ids,
         cfg: GenerationConfig | None = None,
         on_block: Callable[[list[int], BlockStats], bool | None] | None = None,
+        reset: bool = True,
     ) -> GenerationResult:
         """One clover_generate call: reset, prefill, blocks until max_new_tokens or EOS.
         The mask and EOS tokens are the GGUF's (cfg.mask_token_id/eos_token_id are not used).
-        on_block(tokens, stats) runs after each block; returning False stops."""
+        on_block(tokens, stats) runs after each block; returning False stops.
+        reset=False continues from the committed memory: the prompt is committed after it. clover.h
+        has no entry point for that yet, so the step-level loop (reference.generate) drives it."""
         cfg = cfg or GenerationConfig(block_size=self.default_block_size)
         cfg.validate()
         if cfg.block_size > self.n_ubatch:
             raise ValueError(f"block_size {cfg.block_size} > n_ubatch {self.n_ubatch}")
+        if not reset:
+            c = dataclasses.replace(cfg, mask_token_id=self.mask_token_id, eos_token_id=self.eos_token_id)
+            return generate_loop(RuntimeBackend(self, reset=False), [int(t) for t in prompt_ids], c, on_block)
         prompt = [int(t) for t in prompt_ids]
         blocks: list[BlockStats] = []
         err: list[BaseException] = []
