@@ -369,6 +369,11 @@ def runtime_group():
 @runtime_group.command("build")
 @click.option("--cuda", is_flag=True, help="Build the CUDA backend too (GGML_CUDA=ON, FA off).")
 @click.option(
+    "--portable",
+    is_flag=True,
+    help="CPU kernels for any x86-64/ARM CPU (GGML_NATIVE=OFF) instead of this machine's instruction set.",
+)
+@click.option(
     "--cuda-arch",
     "cuda_arch",
     default=None,
@@ -392,7 +397,7 @@ def runtime_group():
     multiple=True,
     help="Extra cmake argument (repeatable), e.g. -DCUDA_cublas_LIBRARY=/path/libcublas.so.13.",
 )
-def runtime_build_cmd(cuda, cuda_arch, jobs, force, targets, no_install, root, cmake_arg):
+def runtime_build_cmd(cuda, portable, cuda_arch, jobs, force, targets, no_install, root, cmake_arg):
     """Fetch the sdist, apply patches/*.patch, build once with cmake+ninja, install."""
     from .runtime.build import BuildError, build_runtime
 
@@ -406,6 +411,7 @@ def runtime_build_cmd(cuda, cuda_arch, jobs, force, targets, no_install, root, c
             install=not no_install,
             root=root,
             extra_cmake_args=cmake_arg,
+            portable=portable,
         )
     except BuildError as e:
         raise click.ClickException(str(e)) from None

@@ -56,6 +56,11 @@ class clover_block_stats(ctypes.Structure):
 clover_block_cb = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(clover_block_stats), ctypes.c_void_p)
 
 
+clover_seq_block_cb = ctypes.CFUNCTYPE(
+    ctypes.c_bool, ctypes.c_int32, ctypes.POINTER(clover_block_stats), ctypes.c_void_p
+)
+
+
 clover_step_cb = ctypes.CFUNCTYPE(
     ctypes.c_bool, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(llama_token), ctypes.c_int32, ctypes.c_void_p
 )
@@ -70,6 +75,12 @@ class clover_perf(ctypes.Structure):
         ("n_steps", ctypes.c_int32),
         ("n_blocks", ctypes.c_int32),
         ("t_commit_ms", ctypes.c_double),
+        ("t_step_graph_ms", ctypes.c_double),
+        ("t_step_compute_ms", ctypes.c_double),
+        ("t_step_host_ms", ctypes.c_double),
+        ("t_step_other_ms", ctypes.c_double),
+        ("n_step_graphs", ctypes.c_int32),
+        ("n_steps_device", ctypes.c_int32),
     ]
 
 
@@ -116,36 +127,35 @@ class _Lib:
                 ctypes.c_int32,
             ),
         }
-        optional = {  # in helper-1's clover.h beyond the core API; bound when exported
-            "clover_model_block_size": ([ctypes.c_void_p], ctypes.c_int32),
-            "clover_n_committed": ([ctx_p], ctypes.c_int32),
-            "clover_generate_ex": (
-                [
-                    ctx_p,
-                    tok_p,
-                    ctypes.c_int32,
-                    clover_gen_params,
-                    tok_p,
-                    ctypes.c_int32,
-                    clover_block_cb,
-                    clover_step_cb,
-                    ctypes.c_void_p,
-                ],
-                ctypes.c_int32,
-            ),
-            "clover_get_perf": ([ctx_p, ctypes.POINTER(clover_perf)], ctypes.c_int32),
-        }
-        for table, required in ((sigs, True), (optional, False)):
-            for name, (argtypes, restype) in table.items():
-                try:
-                    fn = getattr(self.lib, name)
-                except AttributeError:
-                    if required:
-                        missing.append(name)
-                    setattr(self, name, None)
-                    continue
-                fn.argtypes, fn.restype = argtypes, restype
-                setattr(self, name, fn)
+        u64, f32, i32, vp = ctypes.c_uint64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
+        sigs.update(
+            {
+                "clover_model_block_size": ([vp], i32),
+                "clover_n_committed": ([ctx_p], i32),
+                "clover_generate_ex": (
+                    [ctx_p, tok_p, i32, clover_gen_params, tok_p, i32, clover_block_cb, clover_step_cb, vp],
+                    i32,
+                ),
+                "clover_block_candidates": ([ctx_p, tok_p, i32, f32, u64, tok_p, ctypes.POINTER(f32)], i32),
+                "clover_get_perf": ([ctx_p, ctypes.POINTER(clover_perf)], i32),
+                "clover_perf_reset": ([ctx_p], None),
+                "clover_batch_init": ([ctx_p], vp),
+                "clover_batch_free": ([vp], None),
+                "clover_batch_add": ([vp, i32, tok_p, i32, clover_gen_params, ctypes.c_bool], i32),
+                "clover_batch_step": ([vp, clover_seq_block_cb, vp], i32),
+                "clover_batch_remove": ([vp, i32], i32),
+                "clover_batch_tokens": ([vp, i32, tok_p, i32], i32),
+                "clover_step_key": ([u64, i32, i32], u64),
+                "clover_row_key": ([u64, i32], u64),
+            }
+        )
+        for name, (argtypes, restype) in sigs.items():
+            fn = getattr(self.lib, name, None)
+            if fn is None:
+                missing.append(name)
+                continue
+            fn.argtypes, fn.restype = argtypes, restype
+            setattr(self, name, fn)
         if missing:
             raise RuntimeNotBuilt(
                 f"{self.lib_path} does not export {', '.join(missing)}: the "

@@ -153,6 +153,19 @@ def find_ccache() -> str | None:
     return str(local) if local.exists() else None
 
 
+def cpu_fingerprint() -> str:
+    """The CPU model and its instruction-set flags: a native build is only valid on a CPU with
+    the same ones."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))][:2]
+    return hashlib.sha256("\n".join(keep).encode()).hexdigest()[:16]
+
+
 # --------------------------------------------------------------------------- steps
 
 
@@ -285,9 +298,12 @@ class BuildOptions:
     install: bool = True  # pip-install the Python package + copy the libs
     extra_cmake_args: tuple[str, ...] = ()
     ccache: bool = True
+    portable: bool = False  # False: CPU kernels for this machine (-march=native), as llama.cpp builds by default
 
     def key(self) -> dict:
         return {
+            "portable": self.portable,
+            "cpu": None if self.portable else cpu_fingerprint(),
             "cuda": self.cuda,
             "cuda_archs": self.cuda_archs if self.cuda else None,
             "targets": list(self.resolved_targets()),
@@ -311,7 +327,7 @@ def cmake_args(src: Path, build: Path, opts: BuildOptions) -> list[str]:
         "Ninja",
         "-DCMAKE_BUILD_TYPE=Release",
         "-DBUILD_SHARED_LIBS=ON",
-        "-DGGML_NATIVE=OFF",
+        f"-DGGML_NATIVE={'OFF' if opts.portable else 'ON'}",
         "-DLLAMA_BUILD_COMMON=ON",
         "-DLLAMA_BUILD_TESTS=ON",
         "-DLLAMA_BUILD_TOOLS=OFF",
@@ -448,10 +464,13 @@ def build_runtime(
     root: str | Path | None = None,
     patch_dir: str | Path | None = None,
     extra_cmake_args=(),
+    portable: bool = False,
 ) -> BuildResult:
     """Fetch, patch, build and install the runtime (see the module docstring). Skips the
-    compile when the sdist, the patch series and the options match the build dir's stamp."""
+    compile when the sdist, the patch series and the options match the build dir's stamp.
+    The CPU kernels are built for this machine's instruction set unless `portable`."""
     opts = BuildOptions(
+        portable=portable,
         cuda=cuda,
         cuda_archs=cuda_archs or DEFAULT_CUDA_ARCHS,
         jobs=jobs,

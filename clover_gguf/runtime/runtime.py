@@ -14,7 +14,6 @@ reference).
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..constants import DEFAULT_THRESHOLD
 from ..reference.generate import BlockStats, GenerationConfig, GenerationResult
-from ..reference.generate import generate as generate_loop
 from ..util import default_threads
 from . import bindings as B
 from .bindings import RuntimeNotBuilt  # noqa: F401  (re-exported)
@@ -45,6 +44,7 @@ class CloverRuntime:
         n_ctx: int = 0,
         n_batch: int | None = None,
         n_ubatch: int | None = None,
+        n_seq_max: int = 1,
         quiet: bool = True,
     ):
         self.path = Path(gguf_path)
@@ -66,14 +66,18 @@ class CloverRuntime:
         eos = lc.llama_vocab_eos(self.vocab)
         self.eos_token_id = eos if eos >= 0 else None
         self.n_threads = int(n_threads or default_threads())
-        # clover.h: n_seq_max = 1, n_ubatch >= B (a multiple of B folds several prompt blocks
-        # per graph), n_batch >= n_ubatch, n_ctx >= n_ubatch.
-        ub = int(n_ubatch or max(256, self.default_block_size))
+        # clover.h: n_ubatch >= B (a multiple of B folds several prompt blocks per graph, and
+        # n_seq_max * B lets one denoising graph hold every sequence), n_batch >= n_ubatch,
+        # n_ctx >= n_ubatch.
+        self.n_seq_max = int(n_seq_max)
+        ub = int(n_ubatch or max(256, self.n_seq_max * self.default_block_size))
         nb = int(n_batch or ub)
         if n_ctx and n_ctx < ub:
             n_ctx = ub
         self.n_ubatch, self.n_batch = ub, nb
-        cp = B.context_params(self._lib, n_ctx=n_ctx, n_batch=nb, n_ubatch=ub, n_threads=self.n_threads, n_seq_max=1)
+        cp = B.context_params(
+            self._lib, n_ctx=n_ctx, n_batch=nb, n_ubatch=ub, n_threads=self.n_threads, n_seq_max=self.n_seq_max
+        )
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
             lc.llama_model_free(self.model)
@@ -109,13 +113,7 @@ class CloverRuntime:
 
     # ---------------------------------------------------------------- metadata
     def _model_block_size(self) -> int:
-        f = getattr(self._lib, "clover_model_block_size", None)
-        if f is not None:
-            b = int(f(self.model))
-            if b > 0:
-                return b
-        v = self.meta("clover.diffusion.block_size")
-        return int(v) if v else 16
+        return self._check(self._lib.clover_model_block_size(self.model), "clover_model_block_size")
 
     def meta(self, key: str) -> str | None:
         return B.meta_str(self._lib, self.model, key)
@@ -191,9 +189,8 @@ class CloverRuntime:
         self._check(self._lib.clover_reset(self.ctx), "clover_reset")
 
     @property
-    def n_committed(self) -> int | None:
-        f = getattr(self._lib, "clover_n_committed", None)
-        return int(f(self.ctx)) if f is not None else None
+    def n_committed(self) -> int:
+        return self._check(self._lib.clover_n_committed(self.ctx), "clover_n_committed")
 
     def commit(self, tokens, block_size: int | None = None) -> None:
         """Fold tokens into the memory in blocks of block_size (the last may be short)."""
@@ -259,7 +256,7 @@ class CloverRuntime:
         p = self._lib.clover_gen_default_params()
         p.block_size = int(cfg.block_size)
         p.steps = int(cfg.steps) if cfg.steps is not None else 0
-        p.threshold = float(cfg.threshold if cfg.threshold is not None else 0.9)
+        p.threshold = float(cfg.threshold if cfg.threshold is not None else DEFAULT_THRESHOLD)
         p.temperature = float(cfg.temperature)
         p.top_k = int(cfg.top_k)
         p.top_p = float(cfg.top_p)
@@ -274,66 +271,115 @@ class CloverRuntime:
         on_block: Callable[[list[int], BlockStats], bool | None] | None = None,
         reset: bool = True,
     ) -> GenerationResult:
-        """One clover_generate call: reset, prefill, blocks until max_new_tokens or EOS.
-        The mask and EOS tokens are the GGUF's (cfg.mask_token_id/eos_token_id are not used).
-        on_block(tokens, stats) runs after each block; returning False stops.
-        reset=False continues from the committed memory: the prompt is committed after it. clover.h
-        has no entry point for that yet, so the step-level loop (reference.generate) drives it."""
-        cfg = cfg or GenerationConfig(block_size=self.default_block_size)
-        cfg.validate()
-        if cfg.block_size > self.n_ubatch:
-            raise ValueError(f"block_size {cfg.block_size} > n_ubatch {self.n_ubatch}")
-        if not reset:
-            c = dataclasses.replace(cfg, mask_token_id=self.mask_token_id, eos_token_id=self.eos_token_id)
-            return generate_loop(RuntimeBackend(self, reset=False), [int(t) for t in prompt_ids], c, on_block)
-        prompt = [int(t) for t in prompt_ids]
-        blocks: list[BlockStats] = []
+        """Prefill, then blocks until max_new_tokens or EOS, natively (clover.h's batch API on
+        sequence 0). The mask and EOS tokens are the GGUF's (cfg.mask_token_id/eos_token_id are
+        not used). on_block(tokens, stats) runs after each block; returning False stops.
+        reset=False continues from the committed memory: the prompt is committed after it."""
+        cb = None if on_block is None else (lambda _i, toks, st: on_block(toks, st))
+        return self.generate_batch([prompt_ids], [cfg], cb, reset=reset)[0]
+
+    def generate_batch(
+        self,
+        prompts: list,
+        cfgs: list[GenerationConfig | None],
+        on_block: Callable[[int, list[int], BlockStats], bool | None] | None = None,
+        reset: bool = True,
+    ) -> list[GenerationResult]:
+        """Generate for several prompts at once: sequence i holds prompts[i], and every denoising
+        step is one graph with the current block of each unfinished sequence (needs n_seq_max >=
+        len(prompts)). Each sequence gives the tokens it gives alone. on_block(i, tokens, stats)."""
+        n = len(prompts)
+        if n > self.n_seq_max:
+            raise ValueError(f"{n} sequences > n_seq_max {self.n_seq_max}: create the runtime with n_seq_max >= {n}")
+        cfgs = [c or GenerationConfig(block_size=self.default_block_size) for c in cfgs]
+        for c in cfgs:
+            c.validate()
+            if c.block_size > self.n_ubatch:
+                raise ValueError(f"block_size {c.block_size} > n_ubatch {self.n_ubatch}")
+        lib = self._lib
+        blocks: list[list[BlockStats]] = [[] for _ in range(n)]
         err: list[BaseException] = []
 
-        def cb(stats_p, _user):
+        def cb(seq_id, stats_p, _user):
             try:
                 s = stats_p.contents
-                n = s.n_steps
+                k = s.n_steps
                 st = BlockStats(
                     index=s.block_index,
                     n_tokens=s.n_tokens,
-                    steps=n,
-                    tokens_per_step=[int(s.tokens_per_step[i]) for i in range(n)],
-                    ms_per_step=[float(s.ms_per_step[i]) for i in range(n)],
+                    steps=k,
+                    tokens_per_step=[int(s.tokens_per_step[i]) for i in range(k)],
+                    ms_per_step=[float(s.ms_per_step[i]) for i in range(k)],
                 )
-                blocks.append(st)
+                blocks[seq_id].append(st)
                 if on_block is not None:
-                    toks = [int(s.tokens[i]) for i in range(s.n_tokens)]
-                    return on_block(toks, st) is not False
+                    return on_block(seq_id, [int(s.tokens[i]) for i in range(s.n_tokens)], st) is not False
                 return True
             except BaseException as e:  # never let an exception cross the C frame
                 err.append(e)
                 return False
 
-        c_cb = B.clover_block_cb(cb)
-        n_out = max(1, cfg.max_new_tokens)
-        out = (B.llama_token * n_out)()
-        t0 = time.perf_counter()
-        n = self._lib.clover_generate(
-            self.ctx, B.token_ptr(prompt), len(prompt), self.gen_params(cfg), out, n_out, c_cb, None
-        )
-        total_ms = (time.perf_counter() - t0) * 1e3
-        if err:
-            raise err[0]
-        self._check(n, "clover_generate")
-        perf = self.perf()
-        self.last_perf = perf
-        prefill_ms = perf["t_prompt_ms"] if perf else float("nan")
-        return GenerationResult(list(out[:n]), blocks, len(prompt), prefill_ms, total_ms)
+        c_cb = B.clover_seq_block_cb(cb)
+        batch = lib.clover_batch_init(self.ctx)
+        if not batch:
+            raise RuntimeError_("clover_batch_init failed")
+        try:
+            if reset:
+                self.reset()
+            lib.clover_perf_reset(self.ctx)
+            t0 = time.perf_counter()
+            prefill_ms = []
+            for i, (p, c) in enumerate(zip(prompts, cfgs)):
+                toks = [int(t) for t in p]
+                tp = time.perf_counter()
+                self._check(
+                    lib.clover_batch_add(batch, i, B.token_ptr(toks), len(toks), self.gen_params(c), not reset),
+                    "clover_batch_add",
+                )
+                prefill_ms.append((time.perf_counter() - tp) * 1e3)
+            while True:
+                rc = lib.clover_batch_step(batch, c_cb, None)
+                if err:
+                    raise err[0]
+                if self._check(rc, "clover_batch_step") == 0:
+                    break
+            total_ms = (time.perf_counter() - t0) * 1e3
+            results = []
+            for i, p in enumerate(prompts):
+                k = self._check(lib.clover_batch_tokens(batch, i, None, 0), "clover_batch_tokens")
+                out = (B.llama_token * max(1, k))()
+                lib.clover_batch_tokens(batch, i, out, k)
+                results.append(GenerationResult(list(out[:k]), blocks[i], len(p), prefill_ms[i], total_ms))
+        finally:
+            lib.clover_batch_free(batch)
+        self.last_perf = self.perf()
+        return results
 
-    def perf(self) -> dict | None:
-        """clover_get_perf of the last generate (None if the library has no clover_get_perf)."""
-        f = getattr(self._lib, "clover_get_perf", None)
-        if f is None:
-            return None
+    def block_candidates(self, block, temperature: float, step_key: int) -> tuple[np.ndarray, np.ndarray]:
+        """The device path of a denoising step: (candidate, confidence) of every masked
+        position of the block (other positions: -1 and nan), computed in the graph."""
+        block = [int(t) for t in block]
+        L = len(block)
+        tok = np.full(L, -1, dtype=np.int32)
+        conf = np.full(L, np.nan, dtype=np.float32)
+        self._check(
+            self._lib.clover_block_candidates(
+                self.ctx,
+                B.token_ptr(block),
+                L,
+                float(temperature),
+                int(step_key),
+                tok.ctypes.data_as(ctypes.POINTER(B.llama_token)),
+                conf.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            ),
+            "clover_block_candidates",
+        )
+        return tok, conf
+
+    def perf(self) -> dict:
+        """clover_get_perf: timings since the last generate (prefill, steps and their breakdown)."""
         p = B.clover_perf()
-        if f(self.ctx, ctypes.byref(p)) != 0:
-            return None
+        self._check(self._lib.clover_get_perf(self.ctx, ctypes.byref(p)), "clover_get_perf")
         return {k: getattr(p, k) for k, _ in B.clover_perf._fields_}
 
 
