@@ -16,7 +16,14 @@ from .constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-KNOWN_DTYPES = {"BF16", "F16", "F32", "F64"}
+# safetensors dtype -> (torch dtype, bytes per element)
+DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "BF16": (torch.bfloat16, 2),
+    "F16": (torch.float16, 2),
+    "F32": (torch.float32, 4),
+    "F64": (torch.float64, 8),
+}
+KNOWN_DTYPES = set(DTYPES)
 
 
 class CheckpointError(ValueError):

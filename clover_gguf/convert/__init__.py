@@ -1,1 +1,5 @@
-"""convert"""
+"""safetensors -> GGUF: validate (converter.py), plan (plan.py), write (pipeline.py + metadata.py)."""
+
+
+class ConvertError(RuntimeError):
+    """A conversion that cannot proceed; the message names the file/tensor at fault."""

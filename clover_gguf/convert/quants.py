@@ -262,8 +262,6 @@ def dequantize(data: np.ndarray, qt: GGMLQuantizationType, shape) -> np.ndarray:
         arr = np.asarray(data).view(np.float32)
     elif qt == Q.F16:
         arr = np.asarray(data).view(np.float16).astype(np.float32)
-    elif qt == Q.BF16:
-        arr = gq.dequantize(np.asarray(data).view(np.uint8), qt)
     else:
         arr = gq.dequantize(np.asarray(data).view(np.uint8), qt)
     return np.asarray(arr, dtype=np.float32).reshape(tuple(int(s) for s in shape))

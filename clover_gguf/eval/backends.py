@@ -21,8 +21,6 @@ import torch
 
 from ..util import default_threads, sha256_file
 
-PROVIDERS = ("reference-bf16", "reference-dequant", "runtime")
-
 
 def model_dir_hash(model_dir) -> str:
     """sha256 over config.json and the safetensors files (names + bytes)."""
@@ -67,10 +65,7 @@ def open_runtime(gguf_path, n_threads: int | None = None, n_gpu_layers: int = 0,
     kw = {}
     if max_block and max_block > 256:  # CloverRuntime's default n_ubatch is max(256, B)
         kw = {"n_ubatch": int(max_block), "n_batch": int(max_block)}
-    try:
-        return CloverRuntime(str(gguf_path), n_threads=n_threads or default_threads(), n_gpu_layers=n_gpu_layers, **kw)
-    except TypeError:
-        return CloverRuntime(str(gguf_path), n_threads=n_threads or default_threads(), n_gpu_layers=n_gpu_layers)
+    return CloverRuntime(str(gguf_path), n_threads=n_threads or default_threads(), n_gpu_layers=n_gpu_layers, **kw)
 
 
 class TorchProvider:
@@ -88,18 +83,6 @@ class TorchProvider:
         pos = torch.arange(nb * B).view(1, nb, B)
         # one forward: the clean window committed once, every noisy copy reads its states
         return self.model.forward_train(clean[None].long(), noisy.long(), pos, None, select=select)
-
-
-class GenerationTorch:
-    """generate.TorchBackend factory (prefill in parallel mode)."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __call__(self):
-        from ..reference.generate import TorchBackend
-
-        return TorchBackend(self.model)
 
 
 class RuntimeProvider:

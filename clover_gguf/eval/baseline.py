@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 BASELINE_FILES = [
@@ -53,15 +54,20 @@ def run_baseline(
     work_dir,
     speed: bool = True,
     sensitivity: bool = True,
-    quality_kw: dict | None = None,
+    sampling=None,
+    generation=None,
+    threads: int | None = None,
+    runtime_threads: int | None = None,
     speed_kw: dict | None = None,
     sens_kw: dict | None = None,
     stage: str = "all",
     summary: str | None = None,
     log=print,
 ) -> dict | None:
+    """sampling/generation: quality.Sampling/Generation of the quality stage (the sensitivity
+    stage takes the same sampling, with sens_kw's "n_windows", and its "qtype")."""
     from .backends import runtime_status
-    from .quality import run_quality
+    from .quality import Generation, Sampling, run_quality
     from .report import render
     from .sensitivity import run_sensitivity
     from .speed import run_speed
@@ -72,7 +78,7 @@ def run_baseline(
     files = make_files(reference, work, log=log) if set(stages) & {"files", "quality", "speed"} else []
     names = [n for n, _, _ in files]
     paths = [p for _, p, _ in files]
-    qkw = dict(quality_kw or {})
+    sampling, generation = sampling or Sampling(), generation or Generation()
     rt_ok = runtime_status()[0]
     if "quality" in stages:
         # both providers when the runtime is built; the generation agreement through the
@@ -80,33 +86,29 @@ def run_baseline(
         q = run_quality(
             reference,
             paths,
-            out_dir=work / "quality",
+            sampling,
+            replace(generation, providers=("runtime",) if rt_ok else ("reference-dequant",)),
+            "both" if rt_ok else "reference",
+            work / "quality",
+            threads=threads,
+            runtime_threads=runtime_threads,
             names=names,
             log=log,
-            backend="both" if rt_ok else "reference",
-            generation_providers=("runtime",) if rt_ok else ("reference-dequant",),
-            **qkw,
-        )
+        ).to_dict()
         for m, (_, _, kw) in zip(q["models"], files):
             m["convert_options"] = kw
         (work / "quality.json").write_text(json.dumps(q, indent=1) + "\n")
     if "sensitivity" in stages and sensitivity:
-        skw = {
-            k: v
-            for k, v in qkw.items()
-            if k
-            not in (
-                "prompts",
-                "max_new_tokens",
-                "gen_steps",
-                "gen_threshold",
-                "n_prompts",
-                "generation",
-                "runtime_threads",
-            )
-        }
-        skw.update(sens_kw or {})
-        s = run_sensitivity(reference, work / "sensitivity", log=log, work_dir=work / "sens", **skw)
+        skw = dict(sens_kw or {})
+        s = run_sensitivity(
+            reference,
+            work / "sensitivity",
+            log=log,
+            work_dir=work / "sens",
+            sampling=replace(sampling, n_windows=skw.pop("n_windows", sampling.n_windows)),
+            threads=threads,
+            **skw,
+        )
         (work / "sensitivity.json").write_text(json.dumps(s, indent=1) + "\n")
     if "speed" in stages and speed:
         sp_paths, sp_names = paths, names

@@ -24,6 +24,20 @@ def _top_k(s):
         raise click.BadParameter(f"--top-k {s!r}: a number or auto") from None
 
 
+def _sampling(corpus, n_windows, n_blocks, block_size, ratios, seed, top_k):
+    from .quality import Sampling
+
+    return Sampling(
+        corpus=list(corpus) or None,
+        n_windows=n_windows,
+        n_blocks=n_blocks,
+        block_size=block_size,
+        ratios=_ratios(ratios),
+        seed=seed,
+        top_k=_top_k(top_k),
+    )
+
+
 def _sample_options(f):
     opts = [
         click.option(
@@ -114,30 +128,26 @@ def quality_cmd(
     out_dir,
 ):
     """KL / NLL / top-1 / generation agreement of GGUFs against the reference."""
-    from .quality import run_quality
+    from .quality import Generation, run_quality
     from .report import render
 
     run_quality(
         reference,
         ggufs,
-        list(corpus) or None,
+        _sampling(corpus, n_windows, n_blocks, block_size, ratios, seed, top_k),
+        Generation(
+            enabled=not no_generation,
+            prompts=prompts,
+            n_prompts=n_prompts,
+            max_new_tokens=max_new_tokens,
+            steps=gen_steps,
+            threshold=gen_threshold,
+        ),
         backend,
         out_dir,
-        n_windows=n_windows,
-        n_blocks=n_blocks,
-        block_size=block_size,
-        ratios=_ratios(ratios),
-        seed=seed,
-        top_k=_top_k(top_k),
-        prompts=prompts,
-        max_new_tokens=max_new_tokens,
-        gen_steps=gen_steps,
-        gen_threshold=gen_threshold,
         threads=threads,
-        generation=not no_generation,
-        names=list(names) or None,
         runtime_threads=runtime_threads,
-        n_prompts=n_prompts,
+        names=list(names) or None,
     )
     click.echo(f"wrote {render(Path(out_dir) / 'quality.json')}")
 
@@ -258,13 +268,7 @@ def sensitivity_cmd(
         qtype,
         base,
         keep=keep,
-        corpus=list(corpus) or None,
-        n_windows=n_windows,
-        n_blocks=n_blocks,
-        block_size=block_size,
-        ratios=_ratios(ratios),
-        seed=seed,
-        top_k=_top_k(top_k),
+        sampling=_sampling(corpus, n_windows, n_blocks, block_size, ratios, seed, top_k),
         threads=threads,
     )
     click.echo(f"wrote {render(Path(out_dir) / 'sensitivity.json')}")
@@ -342,6 +346,7 @@ def baseline_cmd(
 ):
     """Convert the standard GGUF set and write the committed baseline report."""
     from .baseline import run_baseline
+    from .quality import Generation, Sampling
     from .speed import DEFAULT_BASE, parse_sweep
 
     run_baseline(
@@ -350,14 +355,10 @@ def baseline_cmd(
         work_dir,
         speed=not no_speed,
         sensitivity=not no_sensitivity,
-        quality_kw={
-            "n_windows": n_windows,
-            "n_blocks": n_blocks,
-            "threads": threads,
-            "n_prompts": n_prompts,
-            "max_new_tokens": max_new_tokens,
-            "runtime_threads": runtime_threads,
-        },
+        sampling=Sampling(n_windows=n_windows, n_blocks=n_blocks),
+        generation=Generation(n_prompts=n_prompts, max_new_tokens=max_new_tokens),
+        threads=threads,
+        runtime_threads=runtime_threads,
         speed_kw={
             "runs": runs,
             "sweeps": parse_sweep(sweeps),

@@ -1,24 +1,28 @@
 """`clover-gguf eval quality`: how far each GGUF is from the BF16 reference.
 
-Pipeline (docs in the module docstrings of corpus.py and metrics.py):
+``run_quality`` reads top-down (docs in the module docstrings of corpus.py and metrics.py):
 
-1. corpus -> windows of blocks -> masked copies at several ratios (fixed seeds);
-2. the reference (PyTorch, BF16 weights) scores every masked position once; its logits are
-   saved compactly (top-k + log-sum-exp + true-token log-prob, ``reference-logits.npz``)
-   and reused by every later comparison on the same samples;
-3. each GGUF runs through the chosen providers (``reference-dequant``: the PyTorch
-   reference on its dequantized weights; ``runtime``: the patched llama.cpp) and each
-   scored position gives NLL, KL ref‖q (from the compact form, with its error bound),
-   same-top-1 and Δp; summaries overall, per mask ratio, per history length (blocks
-   committed before the scored block) and for the long-range recall probes;
-4. greedy generation of a prompt set with a ``steps`` and a ``threshold`` schedule:
-   agreement with the reference's tokens, steps per block.
+1. provider selection (``select_providers``): ``reference-dequant`` (the PyTorch reference on
+   the GGUF's dequantized weights) and/or ``runtime`` (the patched llama.cpp);
+2. samples (``Sampling``): corpus -> windows of blocks -> masked copies at several ratios
+   (fixed seeds);
+3. reference logits (``ReferenceLogits.load_or_compute``): the reference scores every masked
+   position once; its logits are saved compactly (top-k + log-sum-exp + true-token
+   log-prob, ``reference-logits.npz``) and reused by every later run on the same samples;
+4. scoring per GGUF (``score_gguf``): each scored position gives NLL, KL ref‖q (from the
+   compact form, with its error bound), same-top-1 and Δp; summaries overall, per mask
+   ratio, per history length (blocks committed before the scored block) and for the
+   long-range recall probes;
+5. generation agreement (``GenerationAgreement``): greedy generation of a prompt set with a
+   ``steps`` and a ``threshold`` schedule, agreement with the reference's tokens;
+6. the run (``QualityRun``), which serialises itself to ``quality.json``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -210,76 +214,77 @@ def run_generation(gen_fn, prompts, cfg_base: dict, scheds: dict) -> dict:
     return res
 
 
-# ---- the command ------------------------------------------------------------------------
+# ---- options ------------------------------------------------------------------------------
 
 
-def _gen_backend_torch(model):
-    """The Python generation loop (generate.generate) on the PyTorch model."""
-    from ..reference.generate import TorchBackend, generate
+@dataclass
+class Sampling:
+    """What is scored: a corpus (text files, or documents of token ids), windows of blocks at
+    mask ratios (corpus.build_samples), and the reference logits kept per position."""
 
-    return lambda prompt, cfg: generate(TorchBackend(model), prompt, cfg)
+    corpus: list | None = None  # files; None: the held-out stdlib modules
+    docs: list[Document] | None = None  # token documents instead of a corpus
+    n_windows: int = 6
+    n_blocks: int = 64
+    block_size: int | None = None  # None: the model's
+    ratios: tuple[float, ...] = DEFAULT_RATIOS
+    seed: int = DEFAULT_SEED
+    top_k: int | str = DEFAULT_TOP_K
+
+    def build(self, B: int, mask_token_id: int, tokenizer) -> SampleSet:
+        if self.docs is None:
+            docs, cinfo = load_corpus(self.corpus, tokenizer)
+        else:
+            docs = self.docs
+            cinfo = {
+                "corpus": "documents given by the caller (token ids)",
+                "documents": len(docs),
+                "tokens": int(sum(len(d.tokens) for d in docs)),
+            }
+        return build_samples(
+            docs,
+            B,
+            self.n_windows,
+            self.n_blocks,
+            self.ratios,
+            self.seed,
+            mask_token_id,
+            identifier_predicate(tokenizer) if tokenizer else None,
+            cinfo,
+        )
 
 
-def _gen_backend_runtime(rt):
-    """The runtime's own C++ generation loop (clover_generate), as users run it."""
-    return lambda prompt, cfg: rt.generate(prompt, cfg)
+@dataclass
+class Generation:
+    """The generation agreement: greedy generation of a prompt set with a ``steps`` and a
+    ``threshold`` schedule, compared token by token with the reference's."""
+
+    enabled: bool = True
+    prompts: str | Path | None = None  # JSONL; None: DEFAULT_PROMPTS
+    n_prompts: int | None = None
+    max_new_tokens: int = 64
+    steps: int | None = None  # None: block_size / 2
+    threshold: float = 0.9
+    providers: tuple[str, ...] | None = None  # providers that generate; None: all
 
 
-def run_quality(
-    reference,
-    ggufs,
-    corpus=None,
-    backend: str = "auto",
-    out_dir=None,
-    *,
-    docs: list[Document] | None = None,
-    n_windows: int = 6,
-    n_blocks: int = 64,
-    block_size: int | None = None,
-    ratios=DEFAULT_RATIOS,
-    seed: int = DEFAULT_SEED,
-    top_k=DEFAULT_TOP_K,
-    prompts=None,
-    max_new_tokens: int = 64,
-    gen_steps: int | None = None,
-    gen_threshold: float = 0.9,
-    n_prompts: int | None = None,
-    threads: int | None = None,
-    runtime_threads: int | None = None,
-    generation_providers=None,
-    generation: bool = True,
-    names: list[str] | None = None,
-    log=print,
-) -> dict:
-    """Compare GGUFs with the reference; returns the run dict and writes ``quality.json`` and
-    ``reference-logits.npz`` under ``out_dir`` (when given). See the module docstring."""
-    t_start = time.perf_counter()
-    threads = threads or default_threads()
-    torch.set_num_threads(threads)
-    reference = Path(reference)
-    ggufs = [Path(g) for g in ggufs]
-    for g in ggufs:
-        if not g.is_file():
-            raise QualityError(f"GGUF not found: {g}")
-    out_dir = Path(out_dir) if out_dir else None
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    notes = []
+# ---- provider selection -------------------------------------------------------------------
 
-    # providers to use
+
+def select_providers(backend: str) -> tuple[list[str], list[str], tuple[bool, str]]:
+    """(providers, notes, (runtime available, detail)) for ``--backend``."""
     rt_ok, rt_why = bk.runtime_status()
-    if backend == "auto":
-        provs = ["reference-dequant"] + (["runtime"] if rt_ok else [])
-    elif backend == "both":
-        provs = ["reference-dequant", "runtime"]
-    elif backend == "reference":
-        provs = ["reference-dequant"]
-    elif backend == "runtime":
-        provs = ["runtime"]
-    else:
+    choices = {
+        "auto": ["reference-dequant"] + (["runtime"] if rt_ok else []),
+        "both": ["reference-dequant", "runtime"],
+        "reference": ["reference-dequant"],
+        "runtime": ["runtime"],
+    }
+    if backend not in choices:
         raise QualityError(f"--backend must be reference, runtime, both or auto, not {backend!r}")
+    provs, notes = choices[backend], []
     if "runtime" in provs and not rt_ok:
-        if backend in ("runtime",):
+        if backend == "runtime":
             raise QualityError(f"the llama.cpp runtime is not available: {rt_why}")
         provs.remove("runtime")
         notes.append(
@@ -291,183 +296,303 @@ def run_quality(
             "quality comes from the PyTorch reference on dequantized GGUF weights "
             "(the llama.cpp kernels are not exercised)"
         )
+    return provs, notes, (rt_ok, rt_why)
 
-    # reference model, tokenizer, corpus, samples
+
+def _gen_backend_torch(model):
+    """The Python generation loop (generate.generate) on the PyTorch model."""
+    from ..reference.generate import TorchBackend, generate
+
+    return lambda prompt, cfg: generate(TorchBackend(model), prompt, cfg)
+
+
+def open_provider(prov: str, gguf: Path, threads: int):
+    """(logit provider, generation function) of one GGUF."""
+    if prov == "reference-dequant":
+        qm = bk.load_dequantized(gguf)
+        return bk.TorchProvider(qm, prov), _gen_backend_torch(qm)
+    rt = bk.open_runtime(gguf, threads)
+    # the runtime's own C++ generation loop (clover_generate), as users run it
+    return bk.RuntimeProvider(rt), lambda prompt, cfg: rt.generate(prompt, cfg)
+
+
+# ---- reference logits (load or compute) ---------------------------------------------------
+
+
+@dataclass
+class ReferenceLogits:
+    """The reference's compact logits of every scored position, plus the full logits of the
+    calibration positions; cached in ``reference-logits.npz`` and reused when its meta match."""
+
+    compact: CompactLogits
+    calib: torch.Tensor | None
+    cidx: torch.Tensor | None
+    seconds: float
+    cached: bool  # written to / read from the cache file
+
+    @classmethod
+    def load_or_compute(cls, model, samples: SampleSet, top_k, exclude: int, meta: dict, cache, notes, log):
+        t0 = time.perf_counter()
+        if cache and cache.is_file():
+            try:
+                c, m, cl, ci = load_compact(cache)
+                if all(m.get(k) == v for k, v in meta.items()):
+                    log(f"reusing reference logits {cache}")
+                    return cls(c, cl, ci, time.perf_counter() - t0, True)
+            except Exception as e:  # unreadable cache: recompute
+                notes.append(f"could not reuse {cache}: {e}")
+        c, calib, cidx = reference_logits(bk.TorchProvider(model, "reference-bf16"), samples, top_k, exclude, log)
+        if cache:
+            save_compact(cache, c, meta, calib, cidx)
+        return cls(c, calib, cidx, time.perf_counter() - t0, bool(cache))
+
+    def describe(self, load_seconds: float, generation: dict) -> dict:
+        tail = self.compact.tail_mass().numpy()
+        return {
+            "provider": "reference-bf16 (PyTorch, float32 compute on the BF16 checkpoint weights)",
+            "nll_bits": float((-self.compact.target_logp.numpy() / np.log(2)).mean()),
+            "load_seconds": load_seconds,
+            "score_seconds": self.seconds,
+            "compact": {
+                "top_k": int(self.compact.k),
+                "tail_mass_mean": float(tail.mean()),
+                "tail_mass_p99": float(np.percentile(tail, 99)),
+                "tail_mass_max": float(tail.max()),
+                "file": "reference-logits.npz" if self.cached else None,
+                "bound": "KL_c <= KL <= KL_c + delta per position (metrics.py)",
+            },
+            "generation": generation,
+        }
+
+
+# ---- generation agreement -----------------------------------------------------------------
+
+
+class GenerationAgreement:
+    """The reference's tokens for the prompt set, generated once; each provider's agreement."""
+
+    def __init__(self, opts: Generation, ref_model, B: int, tokenizer):
+        cfg = ref_model.config
+        self.opts = opts
+        self.cfg = {
+            "max_new_tokens": opts.max_new_tokens,
+            "block_size": B,
+            "mask_token_id": cfg.mask_token_id,
+            "eos_token_id": cfg.eos_token_id,
+            "temperature": 0.0,
+        }
+        self.schedules = schedules(B, opts.steps, opts.threshold)
+        self.prompts, self.reference = [], {}
+        if opts.enabled:
+            self.prompts = load_prompts(
+                Path(opts.prompts) if opts.prompts else DEFAULT_PROMPTS, tokenizer, opts.n_prompts
+            )
+            self.reference = run_generation(_gen_backend_torch(ref_model), self.prompts, self.cfg, self.schedules)
+
+    def wanted(self, provider: str) -> bool:
+        return self.opts.enabled and (self.opts.providers is None or provider in self.opts.providers)
+
+    def compare(self, gen_fn) -> dict:
+        got = run_generation(gen_fn, self.prompts, self.cfg, self.schedules)
+        return {
+            s: {
+                **agreement(self.reference[s]["tokens"], got[s]["tokens"]),
+                "steps_per_block": got[s]["steps_per_block"],
+                "ref_steps_per_block": self.reference[s]["steps_per_block"],
+                "tokens_per_step": got[s]["tokens_per_step"],
+            }
+            for s in self.schedules
+        }
+
+    def describe(self) -> dict:
+        return {
+            **self.cfg,
+            "schedules": self.schedules,
+            "prompts": str(self.opts.prompts or DEFAULT_PROMPTS) if self.opts.enabled else None,
+            "n_prompts": len(self.prompts),
+        }
+
+    def describe_reference(self) -> dict:
+        return {
+            s: {"steps_per_block": v["steps_per_block"], "tokens_per_step": v["tokens_per_step"]}
+            for s, v in self.reference.items()
+        }
+
+
+# ---- scoring per GGUF ---------------------------------------------------------------------
+
+
+def score_gguf(
+    gguf: Path,
+    name: str | None,
+    provs,
+    samples: SampleSet,
+    ref: ReferenceLogits,
+    gen: GenerationAgreement,
+    threads,
+    log,
+) -> dict:
+    """The GGUF's file info and, per provider, its summaries against the reference."""
+    info = gguf_file_info(gguf)
+    if name:
+        info["name"] = name
+    entry = {**info, "providers": {}}
+    exclude = gen.cfg["mask_token_id"]
+    for prov in provs:
+        log(f"{gguf.name}: {prov}")
+        t0 = time.perf_counter()
+        p, gen_fn = open_provider(prov, gguf, threads)
+        t_load = time.perf_counter() - t0
+        pm, cal = score(p, samples, ref.compact, exclude, log, ref.calib, ref.cidx)
+        res = summaries(pm, samples)
+        res["calibration"] = cal
+        res["seconds"] = {"load": t_load, "score": time.perf_counter() - t0 - t_load}
+        if gen.wanted(prov):
+            t1 = time.perf_counter()
+            res["generation"] = gen.compare(gen_fn)
+            res["seconds"]["generation"] = time.perf_counter() - t1
+        o = res["overall"]
+        log(
+            f"  KL mean {o['kl_mean']:.5f} (+<= {o['kl_mean_bound']:.1e})  p99 {o['kl_p99']:.4f}  "
+            f"same-top1 {o['same_top1']:.4f}  NLL {o['q_nll_bits']:.4f} vs ref {o['ref_nll_bits']:.4f} bits"
+        )
+        entry["providers"][prov] = res
+    return entry
+
+
+# ---- the run ------------------------------------------------------------------------------
+
+
+@dataclass
+class QualityRun:
+    """A quality run as written to ``quality.json`` (schema SCHEMA, kind "quality")."""
+
+    config: dict
+    samples: dict
+    reference: dict
+    runtime: dict
+    models: list[dict]
+    notes: list[str]
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "kind": "quality",
+            "config": self.config,
+            "samples": self.samples,
+            "reference": self.reference,
+            "runtime": self.runtime,
+            "models": self.models,
+            "notes": self.notes,
+            "seconds": self.seconds,
+        }
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+
+def _tokenizer(model_dir: Path):
+    if not (model_dir / "tokenizer.json").is_file():
+        return None
+    from ..tokenizer import CloverTokenizer
+
+    return CloverTokenizer.from_dir(model_dir)
+
+
+def run_quality(
+    reference,
+    ggufs,
+    sampling: Sampling | None = None,
+    generation: Generation | None = None,
+    backend: str = "auto",
+    out_dir=None,
+    *,
+    threads: int | None = None,
+    runtime_threads: int | None = None,
+    names: list[str] | None = None,
+    log=print,
+) -> QualityRun:
+    """Compare GGUFs with the reference; writes ``quality.json`` and ``reference-logits.npz``
+    under ``out_dir`` (when given). See the module docstring."""
+    t_start = time.perf_counter()
+    sampling, generation = sampling or Sampling(), generation or Generation()
+    threads = threads or default_threads()
+    torch.set_num_threads(threads)
+    reference, ggufs = Path(reference), [Path(g) for g in ggufs]
+    for g in ggufs:
+        if not g.is_file():
+            raise QualityError(f"GGUF not found: {g}")
+    out_dir = Path(out_dir) if out_dir else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    provs, notes, (rt_ok, rt_why) = select_providers(backend)
+
     log(f"loading reference {reference}")
     ref_model, t_load = bk.timed(bk.load_reference, reference)
     cfg = ref_model.config
-    B = int(block_size or cfg.block_size)
-    tokenizer = None
-    if (reference / "tokenizer.json").is_file():
-        from ..tokenizer import CloverTokenizer
-
-        tokenizer = CloverTokenizer.from_dir(reference)
-    if docs is None:
-        docs, cinfo = load_corpus(corpus, tokenizer)
-    else:
-        cinfo = {
-            "corpus": "documents given by the caller (token ids)",
-            "documents": len(docs),
-            "tokens": int(sum(len(d.tokens) for d in docs)),
-        }
-    samples = build_samples(
-        docs,
-        B,
-        n_windows,
-        n_blocks,
-        ratios,
-        seed,
-        cfg.mask_token_id,
-        identifier_predicate(tokenizer) if tokenizer else None,
-        cinfo,
-    )
+    B = int(sampling.block_size or cfg.block_size)
+    tokenizer = _tokenizer(reference)
+    samples = sampling.build(B, cfg.mask_token_id, tokenizer)
     log(
-        f"samples: {len(samples.windows)} windows x <= {n_blocks} blocks of {B}, ratios {list(samples.ratios)}, "
-        f"{samples.n_positions} scored positions"
+        f"samples: {len(samples.windows)} windows x <= {sampling.n_blocks} blocks of {B}, ratios "
+        f"{list(samples.ratios)}, {samples.n_positions} scored positions"
     )
-    exclude = cfg.mask_token_id
-
-    # reference compact logits (cached under out_dir)
     ref_hash = bk.model_dir_hash(reference)
-    cmeta = {
+    cache_meta = {
         "reference": str(reference),
         "reference_sha256": ref_hash,
         "samples": samples.fingerprint(),
-        "top_k": top_k,
-        "exclude_token": exclude,
+        "top_k": sampling.top_k,
+        "exclude_token": cfg.mask_token_id,
     }
-    cpath = out_dir / "reference-logits.npz" if out_dir else None
-    ref_c, calib, cidx = None, None, None
-    if cpath and cpath.is_file():
-        try:
-            c, m, cl, ci = load_compact(cpath)
-            if all(m.get(k) == v for k, v in cmeta.items()):
-                ref_c, calib, cidx = c, cl, ci
-                log(f"reusing reference logits {cpath}")
-        except Exception as e:  # unreadable cache: recompute
-            notes.append(f"could not reuse {cpath}: {e}")
-    t0 = time.perf_counter()
-    ref_prov = bk.TorchProvider(ref_model, "reference-bf16")
-    if ref_c is None:
-        ref_c, calib, cidx = reference_logits(ref_prov, samples, top_k, exclude, log)
-        if cpath:
-            save_compact(cpath, ref_c, cmeta, calib, cidx)
-    t_ref = time.perf_counter() - t0
-    tail = ref_c.tail_mass().numpy()
-    ref_nll = float((-ref_c.target_logp.numpy() / np.log(2)).mean())
-
-    # reference generation
-    gen_cfg = {
-        "max_new_tokens": max_new_tokens,
-        "block_size": B,
-        "mask_token_id": cfg.mask_token_id,
-        "eos_token_id": cfg.eos_token_id,
-        "temperature": 0.0,
-    }
-    scheds = schedules(B, gen_steps, gen_threshold)
-    plist, ref_gen = [], None
-    if generation:
-        ppath = Path(prompts) if prompts else DEFAULT_PROMPTS
-        plist = load_prompts(ppath, tokenizer, n_prompts)
-        ref_gen = run_generation(_gen_backend_torch(ref_model), plist, gen_cfg, scheds)
-
-    models = []
-    for gi, g in enumerate(ggufs):
-        info = gguf_file_info(g)
-        if names and gi < len(names):
-            info["name"] = names[gi]
-        entry = {**info, "providers": {}}
-        for prov in provs:
-            log(f"{g.name}: {prov}")
-            t0 = time.perf_counter()
-            if prov == "reference-dequant":
-                qm = bk.load_dequantized(g)
-                p = bk.TorchProvider(qm, prov)
-                make_gen = _gen_backend_torch(qm)
-            else:
-                rt = bk.open_runtime(g, runtime_threads or threads)
-                p = bk.RuntimeProvider(rt)
-                make_gen = _gen_backend_runtime(rt)
-            t_load_q = time.perf_counter() - t0
-            pm, cal = score(p, samples, ref_c, exclude, log, calib, cidx)
-            res = summaries(pm, samples)
-            res["calibration"] = cal
-            res["seconds"] = {"load": t_load_q, "score": time.perf_counter() - t0 - t_load_q}
-            if generation and (generation_providers is None or prov in generation_providers):
-                t1 = time.perf_counter()
-                qg = run_generation(make_gen, plist, gen_cfg, scheds)
-                res["generation"] = {}
-                for s in scheds:
-                    a = agreement(ref_gen[s]["tokens"], qg[s]["tokens"])
-                    res["generation"][s] = {
-                        **a,
-                        "steps_per_block": qg[s]["steps_per_block"],
-                        "ref_steps_per_block": ref_gen[s]["steps_per_block"],
-                        "tokens_per_step": qg[s]["tokens_per_step"],
-                    }
-                res["seconds"]["generation"] = time.perf_counter() - t1
-            o = res["overall"]
-            log(
-                f"  KL mean {o['kl_mean']:.5f} (+<= {o['kl_mean_bound']:.1e})  p99 {o['kl_p99']:.4f}  "
-                f"same-top1 {o['same_top1']:.4f}  NLL {o['q_nll_bits']:.4f} vs ref {o['ref_nll_bits']:.4f} bits"
-            )
-            entry["providers"][prov] = res
-            del p
-        models.append(entry)
-
-    run = {
-        "schema": SCHEMA,
-        "kind": "quality",
-        "config": {
+    ref = ReferenceLogits.load_or_compute(
+        ref_model,
+        samples,
+        sampling.top_k,
+        cfg.mask_token_id,
+        cache_meta,
+        out_dir / "reference-logits.npz" if out_dir else None,
+        notes,
+        log,
+    )
+    gen = GenerationAgreement(generation, ref_model, B, tokenizer)
+    rt_threads = runtime_threads or threads
+    models = [
+        score_gguf(g, names[i] if names and i < len(names) else None, provs, samples, ref, gen, rt_threads, log)
+        for i, g in enumerate(ggufs)
+    ]
+    run = QualityRun(
+        config={
             "reference": str(reference),
             "reference_sha256": ref_hash,
             "ggufs": [str(g) for g in ggufs],
             "providers": provs,
             "backend_option": backend,
             "block_size": B,
-            "top_k": top_k,
-            "threads": threads or torch.get_num_threads(),
-            "runtime_threads": runtime_threads or threads,
-            "generation_providers": list(generation_providers) if generation_providers else provs,
-            "n_windows": n_windows,
-            "n_blocks": n_blocks,
+            "top_k": sampling.top_k,
+            "threads": threads,
+            "runtime_threads": rt_threads,
+            "generation_providers": list(generation.providers) if generation.providers else provs,
+            "n_windows": sampling.n_windows,
+            "n_blocks": sampling.n_blocks,
             "ratios": list(samples.ratios),
-            "seed": seed,
-            "generation": {
-                **gen_cfg,
-                "schedules": scheds,
-                "prompts": str(prompts or DEFAULT_PROMPTS) if generation else None,
-                "n_prompts": len(plist),
-            },
+            "seed": sampling.seed,
+            "generation": gen.describe(),
             "kl_units": "nats",
             "nll_units": "bits/token",
             "mask_token_excluded": True,
-            "environment": environment(threads or torch.get_num_threads()),
+            "environment": environment(threads),
         },
-        "samples": samples.describe(),
-        "reference": {
-            "provider": "reference-bf16 (PyTorch, float32 compute on the BF16 checkpoint weights)",
-            "nll_bits": ref_nll,
-            "load_seconds": t_load,
-            "score_seconds": t_ref,
-            "compact": {
-                "top_k": int(ref_c.k),
-                "tail_mass_mean": float(tail.mean()),
-                "tail_mass_p99": float(np.percentile(tail, 99)),
-                "tail_mass_max": float(tail.max()),
-                "file": "reference-logits.npz" if cpath else None,
-                "bound": "KL_c <= KL <= KL_c + delta per position (metrics.py)",
-            },
-            "generation": {
-                s: {"steps_per_block": v["steps_per_block"], "tokens_per_step": v["tokens_per_step"]}
-                for s, v in (ref_gen or {}).items()
-            },
-        },
-        "runtime": {"available": rt_ok, "detail": rt_why},
-        "models": models,
-        "notes": notes,
-        "seconds": time.perf_counter() - t_start,
-    }
+        samples=samples.describe(),
+        reference=ref.describe(t_load, gen.describe_reference()),
+        runtime={"available": rt_ok, "detail": rt_why},
+        models=models,
+        notes=notes,
+        seconds=time.perf_counter() - t_start,
+    )
     if out_dir:
-        (out_dir / "quality.json").write_text(json.dumps(run, indent=1) + "\n")
+        run.save(out_dir / "quality.json")
     return run

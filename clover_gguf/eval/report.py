@@ -61,29 +61,22 @@ def _rows_quality(q):
     return rows
 
 
-def quality_markdown(q: dict, plots: dict) -> str:
-    c, s, ref = q["config"], q["samples"], q["reference"]
-    L = ["## Quality against the BF16 reference", ""]
-    provs = ", ".join(c["providers"])
-    L.append(
-        f"Reference: `{c['reference']}` (PyTorch, float32 compute on the BF16 weights), "
-        f"NLL {ref['nll_bits']:.4f} bits/token. Quantized models run through: **{provs}** "
-        f"({'reference-dequant = the PyTorch reference on the GGUF weights dequantized with gguf-py; ' if 'reference-dequant' in provs else ''}"
-        f"{'runtime = the patched llama.cpp' if 'runtime' in provs else 'the llama.cpp runtime was not used'})."
-    )
-    for n in q.get("notes", []):
-        L.append(f"\n> {n}")
-    corpus = s.get("corpus", "")
-    L += [
-        "",
-        f"Samples: {corpus}; {s.get('documents', '?')} documents, {s.get('tokens', '?')} tokens; "
-        f"{s['n_windows']} windows of up to {max(s['blocks_per_window'] or [0])} blocks of {s['block_size']} tokens "
-        f"(random block-aligned offsets, seed {s['seed']}), every block scored at mask ratios "
-        f"{', '.join(f'{r:g}' for r in s['ratios'])} with the clean earlier blocks of its window as committed "
-        f"history: {s['scored_positions']} scored positions. KL in nats (reference ‖ quantized), NLL in bits/token, "
-        f"mask token excluded from both distributions.",
-        "",
-    ]
+def _bins(q: dict, key: str) -> list[str]:
+    """Bin labels of r[key] over every (model, provider), in first-seen order."""
+    bins: list[str] = []
+    for _, _, r in _rows_quality(q):
+        for b in r.get(key, {}):
+            if b not in bins:
+                bins.append(b)
+    return bins
+
+
+def _first_result(q: dict) -> dict:
+    return q["models"][0]["providers"][q["config"]["providers"][0]]
+
+
+def quality_table(q: dict) -> str:
+    """One row per (file, provider): size, NLL, KL, top-1, Δp and generation agreement."""
     head = [
         "file",
         "MiB",
@@ -99,7 +92,7 @@ def quality_markdown(q: dict, plots: dict) -> str:
         "same top-1 %",
         "RMS Δp %",
     ]
-    gens = list(c.get("generation", {}).get("schedules", {}) or {})
+    gens = list(q["config"].get("generation", {}).get("schedules", {}) or {})
     for g in gens:
         head += [f"gen exact % ({g})", f"gen prefix ({g})"]
     if gens:
@@ -130,7 +123,117 @@ def quality_markdown(q: dict, plots: dict) -> str:
             a = gen.get(gens[-1], {})
             row += [f"{_f(a.get('steps_per_block'), 2)} (ref {_f(a.get('ref_steps_per_block'), 2)})"]
         rows.append(row)
-    L += [_table(head, rows), ""]
+    return _table(head, rows)
+
+
+def calibration_table(q: dict) -> str:
+    """The compact-KL bound and the calibration (exact vs compact KL) per (file, provider)."""
+    rows = []
+    for m, prov, r in _rows_quality(q):
+        cal = r.get("calibration", {})
+        rows.append(
+            [
+                m["name"],
+                prov,
+                _f(r["overall"]["kl_mean_bound"], 6),
+                _f(r["overall"]["kl_max_bound"], 6),
+                cal.get("n", "–"),
+                _f(cal.get("kl_mean_full"), 6),
+                _f(cal.get("kl_mean_compact"), 6),
+                _f(cal.get("max_abs_error"), 6),
+                cal.get("bracket_holds", "–"),
+            ]
+        )
+    head = [
+        "file",
+        "provider",
+        "mean-KL upper bound (+nats)",
+        "max per-position bound",
+        "calib n",
+        "calib KL exact",
+        "calib KL compact",
+        "calib max abs error",
+        "bracket holds",
+    ]
+    return _table(head, rows)
+
+
+def ratio_table(q: dict) -> str:
+    """KL mean and same-top-1 per mask ratio."""
+    ratios = [f"{r:g}" for r in q["config"]["ratios"]]
+    return _table(
+        ["file", "provider"] + [f"ρ={r}" for r in ratios] + [f"same top-1 % ρ={r}" for r in ratios],
+        [
+            [m["name"], prov]
+            + [_f(r["by_ratio"][x]["kl_mean"], 5) for x in ratios]
+            + [_f(r["by_ratio"][x]["same_top1"], 3, pct=True) for x in ratios]
+            for m, prov, r in _rows_quality(q)
+        ],
+    )
+
+
+def drift_table(q: dict) -> str:
+    """KL, same-top-1 and ΔNLL by committed history length."""
+    bins, rows = _bins(q, "by_history"), _rows_quality(q)
+    return _table(
+        ["file", "provider", "metric"] + bins,
+        [
+            [m["name"], prov, "KL mean"] + [_f(r["by_history"].get(b, {}).get("kl_mean"), 5) for b in bins]
+            for m, prov, r in rows
+        ]
+        + [
+            [m["name"], prov, "same top-1 %"]
+            + [_f(r["by_history"].get(b, {}).get("same_top1"), 3, pct=True) for b in bins]
+            for m, prov, r in rows
+        ]
+        + [
+            [m["name"], prov, "ΔNLL bits"]
+            + [f"{r['by_history'].get(b, {}).get('delta_nll_bits', float('nan')):+.4f}" for b in bins]
+            for m, prov, r in rows
+        ],
+    )
+
+
+def probes_table(q: dict) -> str:
+    """KL and same-top-1 of the recall probes by distance."""
+    bins, rows, first = _bins(q, "probes"), _rows_quality(q), _first_result(q)
+    return _table(
+        ["file", "provider", "metric"] + [f"{b} (n={first['probes'][b].get('n', 0)})" for b in bins],
+        [
+            [m["name"], prov, "KL mean"] + [_f(r["probes"].get(b, {}).get("kl_mean"), 5) for b in bins]
+            for m, prov, r in rows
+        ]
+        + [
+            [m["name"], prov, "same top-1 %"] + [_f(r["probes"].get(b, {}).get("same_top1"), 3, pct=True) for b in bins]
+            for m, prov, r in rows
+        ],
+    )
+
+
+def quality_markdown(q: dict, plots: dict) -> str:
+    c, s, ref = q["config"], q["samples"], q["reference"]
+    L = ["## Quality against the BF16 reference", ""]
+    provs = ", ".join(c["providers"])
+    L.append(
+        f"Reference: `{c['reference']}` (PyTorch, float32 compute on the BF16 weights), "
+        f"NLL {ref['nll_bits']:.4f} bits/token. Quantized models run through: **{provs}** "
+        f"({'reference-dequant = the PyTorch reference on the GGUF weights dequantized with gguf-py; ' if 'reference-dequant' in provs else ''}"
+        f"{'runtime = the patched llama.cpp' if 'runtime' in provs else 'the llama.cpp runtime was not used'})."
+    )
+    for n in q.get("notes", []):
+        L.append(f"\n> {n}")
+    corpus = s.get("corpus", "")
+    L += [
+        "",
+        f"Samples: {corpus}; {s.get('documents', '?')} documents, {s.get('tokens', '?')} tokens; "
+        f"{s['n_windows']} windows of up to {max(s['blocks_per_window'] or [0])} blocks of {s['block_size']} tokens "
+        f"(random block-aligned offsets, seed {s['seed']}), every block scored at mask ratios "
+        f"{', '.join(f'{r:g}' for r in s['ratios'])} with the clean earlier blocks of its window as committed "
+        f"history: {s['scored_positions']} scored positions. KL in nats (reference ‖ quantized), NLL in bits/token, "
+        f"mask token excluded from both distributions.",
+        "",
+    ]
+    L += [quality_table(q), ""]
     cm = ref.get("compact", {})
     if cm.get("tail_mass_max") == 0.0:
         L.append(
@@ -147,115 +250,31 @@ def quality_markdown(q: dict, plots: dict) -> str:
         "Calibration: on up to 1024 positions of the first window the full reference logits are kept, so the "
         "exact KL can be set next to the compact-form value and its bound."
     )
-    L += [
-        "",
-        _table(
-            [
-                "file",
-                "provider",
-                "mean-KL upper bound (+nats)",
-                "max per-position bound",
-                "calib n",
-                "calib KL exact",
-                "calib KL compact",
-                "calib max abs error",
-                "bracket holds",
-            ],
-            [
-                [
-                    m["name"],
-                    prov,
-                    _f(r["overall"]["kl_mean_bound"], 6),
-                    _f(r["overall"]["kl_max_bound"], 6),
-                    r.get("calibration", {}).get("n", "–"),
-                    _f(r.get("calibration", {}).get("kl_mean_full"), 6),
-                    _f(r.get("calibration", {}).get("kl_mean_compact"), 6),
-                    _f(r.get("calibration", {}).get("max_abs_error"), 6),
-                    r.get("calibration", {}).get("bracket_holds", "–"),
-                ]
-                for m, prov, r in _rows_quality(q)
-            ],
-        ),
-        "",
-    ]
+    L += ["", calibration_table(q), ""]
     if "pareto" in plots:
         L += [f"![size vs KL]({plots['pareto']})", ""]
-    # by ratio
-    ratios = [f"{r:g}" for r in c["ratios"]]
-    L += [
-        "### KL mean by mask ratio",
-        "",
-        _table(
-            ["file", "provider"] + [f"ρ={r}" for r in ratios] + [f"same top-1 % ρ={r}" for r in ratios],
-            [
-                [m["name"], prov]
-                + [_f(r["by_ratio"][x]["kl_mean"], 5) for x in ratios]
-                + [_f(r["by_ratio"][x]["same_top1"], 3, pct=True) for x in ratios]
-                for m, prov, r in _rows_quality(q)
-            ],
-        ),
-        "",
-    ]
-    # drift
-    bins = []
-    for _, _, r in _rows_quality(q):
-        for b in r["by_history"]:
-            if b not in bins:
-                bins.append(b)
+    L += ["### KL mean by mask ratio", "", ratio_table(q), ""]
+    bins = _bins(q, "by_history")
     L += [
         "### Long-history drift: by committed history (blocks before the scored block)",
         "",
-        _table(
-            ["file", "provider", "metric"] + bins,
-            [
-                [m["name"], prov, "KL mean"] + [_f(r["by_history"].get(b, {}).get("kl_mean"), 5) for b in bins]
-                for m, prov, r in _rows_quality(q)
-            ]
-            + [
-                [m["name"], prov, "same top-1 %"]
-                + [_f(r["by_history"].get(b, {}).get("same_top1"), 3, pct=True) for b in bins]
-                for m, prov, r in _rows_quality(q)
-            ]
-            + [
-                [m["name"], prov, "ΔNLL bits"]
-                + [f"{r['by_history'].get(b, {}).get('delta_nll_bits', float('nan')):+.4f}" for b in bins]
-                for m, prov, r in _rows_quality(q)
-            ],
-        ),
+        drift_table(q),
         "",
-        "Positions per bin: "
-        + ", ".join(f"{b}: {q['models'][0]['providers'][c['providers'][0]]['by_history'][b]['n']}" for b in bins)
+        "Positions per bin: " + ", ".join(f"{b}: {_first_result(q)['by_history'][b]['n']}" for b in bins)
         if q["models"]
         else "",
         "",
     ]
     if "drift" in plots:
         L += [f"![drift]({plots['drift']})", ""]
-    pbins = []
-    for _, _, r in _rows_quality(q):
-        for b in r.get("probes", {}):
-            if b not in pbins:
-                pbins.append(b)
-    if pbins:
+    if _bins(q, "probes"):
         pr = s.get("probes", {})
         L += [
             "### Recall probes: identifiers last seen far back",
             "",
             f"Rule: {pr.get('rule', '')}. Columns: distance in tokens (n positions).",
             "",
-            _table(
-                ["file", "provider", "metric"]
-                + [f"{b} (n={q['models'][0]['providers'][c['providers'][0]]['probes'][b].get('n', 0)})" for b in pbins],
-                [
-                    [m["name"], prov, "KL mean"] + [_f(r["probes"].get(b, {}).get("kl_mean"), 5) for b in pbins]
-                    for m, prov, r in _rows_quality(q)
-                ]
-                + [
-                    [m["name"], prov, "same top-1 %"]
-                    + [_f(r["probes"].get(b, {}).get("same_top1"), 3, pct=True) for b in pbins]
-                    for m, prov, r in _rows_quality(q)
-                ],
-            ),
+            probes_table(q),
             "",
         ]
     return "\n".join(L)
@@ -319,16 +338,9 @@ def plot_drift(q: dict, path: Path) -> None:
 # ---- sensitivity ----------------------------------------------------------------------------
 
 
-def sensitivity_markdown(s: dict, plots: dict) -> str:
+def sensitivity_table(s: dict) -> str:
+    """One row per group: its bytes at both types and the KL of quantizing it alone."""
     c = s["config"]
-    L = [
-        "## Sensitivity: one tensor group quantized at a time",
-        "",
-        f"Base: every 2-D weight {c['base'].upper()} (1-D tensors F32); one group (constants.TENSOR_GROUPS) at a time "
-        f"set to **{c['qtype'].upper()}** with convert's `tensor_types` override; scored like the quality run "
-        f"({c.get('provider', 'reference-dequant')}, same samples and reference logits).",
-        "",
-    ]
     rows = []
     for g in s["groups"]:
         o = g["overall"]
@@ -347,23 +359,32 @@ def sensitivity_markdown(s: dict, plots: dict) -> str:
                 _f(g.get("kl_per_mib_saved"), 6),
             ]
         )
-    L += [
-        _table(
-            [
-                "group",
-                "tensors",
-                "types",
-                f"MiB {c['base']}",
-                f"MiB {c['qtype']}",
-                "MiB saved",
-                "KL mean",
-                "KL p99",
-                "same top-1 %",
-                "ΔNLL bits",
-                "KL per MiB saved",
-            ],
-            rows,
-        ),
+    head = [
+        "group",
+        "tensors",
+        "types",
+        f"MiB {c['base']}",
+        f"MiB {c['qtype']}",
+        "MiB saved",
+        "KL mean",
+        "KL p99",
+        "same top-1 %",
+        "ΔNLL bits",
+        "KL per MiB saved",
+    ]
+    return _table(head, rows)
+
+
+def sensitivity_markdown(s: dict, plots: dict) -> str:
+    c = s["config"]
+    L = [
+        "## Sensitivity: one tensor group quantized at a time",
+        "",
+        f"Base: every 2-D weight {c['base'].upper()} (1-D tensors F32); one group (constants.TENSOR_GROUPS) at a time "
+        f"set to **{c['qtype'].upper()}** with convert's `tensor_types` override; scored like the quality run "
+        f"({c.get('provider', 'reference-dequant')}, same samples and reference logits).",
+        "",
+        sensitivity_table(s),
         "",
     ]
     if "sensitivity" in plots:
@@ -408,6 +429,47 @@ SPEED_FIELDS = [
 ]
 
 
+def speed_table(sp: dict) -> str:
+    """One row per (file, backend): the SPEED_FIELDS and the speedup over the PyTorch reference."""
+    ref_gen = None
+    for t in sp["targets"]:
+        if t["backend"] == "reference-bf16":
+            ref_gen = ((t.get("base") or {}).get("gen_tps") or {}).get("median")
+    rows = []
+    for t in sp["targets"]:
+        b = t.get("base") or {}
+        if t.get("error"):
+            rows.append([t["name"], t["backend"]] + ["error"] * (len(SPEED_FIELDS) + 1))
+            continue
+        row = [t["name"], t["backend"]]
+        for key, _, sc, nd in SPEED_FIELDS:
+            v = t.get(key) if key in ("load_cold_s", "load_warm_s", "peak_rss_mib") else b.get(key)
+            row.append(_spread(v, sc, nd) if isinstance(v, dict) else _f(v, nd))
+        g = (b.get("gen_tps") or {}).get("median")
+        row.append(f"{g / ref_gen:.2f}×" if g and ref_gen else "–")
+        rows.append(row)
+    return _table(["file", "backend"] + [h for _, h, _, _ in SPEED_FIELDS] + ["gen speedup vs PyTorch BF16"], rows)
+
+
+def sweep_table(param: str, pts: list[dict]) -> str:
+    """One row per value of a swept parameter."""
+    return _table(
+        [param, "prompt tok/s", "gen tok/s", "ms/step", "steps/block", "tok/step", "first block ms"],
+        [
+            [
+                p["value"],
+                _spread(p["prompt_tps"], 1, 1),
+                _spread(p["gen_tps"], 1, 1),
+                _spread(p["ms_per_step"], 1, 2),
+                _spread(p["steps_per_block"], 1, 2),
+                _spread(p["tokens_per_step"], 1, 2),
+                _spread(p["ttfb_ms"], 1, 1),
+            ]
+            for p in pts
+        ],
+    )
+
+
 def speed_markdown(sp: dict, plots: dict) -> str:
     c = sp["config"]
     L = [
@@ -423,53 +485,15 @@ def speed_markdown(sp: dict, plots: dict) -> str:
     ]
     for n in sp.get("notes", []):
         L.append(f"> {n}\n")
-    base = [t for t in sp["targets"]]
-    rows = []
-    ref_gen = None
-    for t in base:
-        b = t.get("base") or {}
-        if t["backend"] == "reference-bf16":
-            ref_gen = (b.get("gen_tps") or {}).get("median")
-    for t in base:
-        b = t.get("base") or {}
-        if t.get("error"):
-            rows.append([t["name"], t["backend"]] + ["error"] * (len(SPEED_FIELDS) + 1))
-            continue
-        row = [t["name"], t["backend"]]
-        for key, _, sc, nd in SPEED_FIELDS:
-            v = t.get(key) if key in ("load_cold_s", "load_warm_s", "peak_rss_mib") else b.get(key)
-            row.append(_spread(v, sc, nd) if isinstance(v, dict) else _f(v, nd))
-        g = (b.get("gen_tps") or {}).get("median")
-        row.append(f"{g / ref_gen:.2f}×" if g and ref_gen else "–")
-        rows.append(row)
-    L += [_table(["file", "backend"] + [h for _, h, _, _ in SPEED_FIELDS] + ["gen speedup vs PyTorch BF16"], rows), ""]
-    # sweeps
-    for t in base:
+    L += [speed_table(sp), ""]
+    for t in sp["targets"]:
         for param, pts in (t.get("sweeps") or {}).items():
-            L += [
-                f"#### {t['name']} ({t['backend']}): sweep over {param}",
-                "",
-                _table(
-                    [param, "prompt tok/s", "gen tok/s", "ms/step", "steps/block", "tok/step", "first block ms"],
-                    [
-                        [
-                            p["value"],
-                            _spread(p["prompt_tps"], 1, 1),
-                            _spread(p["gen_tps"], 1, 1),
-                            _spread(p["ms_per_step"], 1, 2),
-                            _spread(p["steps_per_block"], 1, 2),
-                            _spread(p["tokens_per_step"], 1, 2),
-                            _spread(p["ttfb_ms"], 1, 1),
-                        ]
-                        for p in pts
-                    ],
-                ),
-                "",
-            ]
+            L += [f"#### {t['name']} ({t['backend']}): sweep over {param}", "", sweep_table(param, pts), ""]
     if "speed" in plots:
         L += [f"![speed vs block size]({plots['speed']})", ""]
     L += [
-        "Files: " + "; ".join(f"{t['name']}: sha256 {t.get('sha256', '–')[:16]}…" for t in base if t.get("sha256")),
+        "Files: "
+        + "; ".join(f"{t['name']}: sha256 {t.get('sha256', '–')[:16]}…" for t in sp["targets"] if t.get("sha256")),
         "",
     ]
     return "\n".join(L)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..constants import TENSOR_GROUPS
-from .quality import run_quality
+from .quality import Generation, Sampling, run_quality
 
 DEFAULT_GROUPS = ("experts_gate_up", "experts_down", "attention", "memory", "shared_expert", "embeddings", "output")
 DEFAULT_QTYPE = "q4_k"
@@ -44,10 +44,11 @@ def run_sensitivity(
     work_dir=None,
     keep: bool = False,
     log=print,
-    **quality_kw,
+    sampling: Sampling | None = None,
+    threads: int | None = None,
 ) -> dict:
-    """Convert one file per group, score them, return the sensitivity run (also written to
-    ``out_dir/sensitivity.json``). quality_kw go to run_quality (corpus, n_windows, ...)."""
+    """Convert one file per group, score them (quality.Sampling, no generation), return the
+    sensitivity run (also written to ``out_dir/sensitivity.json``)."""
     from ..convert.converter import convert
 
     t0 = time.perf_counter()
@@ -76,8 +77,17 @@ def run_sensitivity(
                 log=lambda *a, **k: None,
             )
         files.append(f)
-    quality_kw.setdefault("generation", False)
-    q = run_quality(reference, files, out_dir=out_dir, backend="reference", names=list(groups), log=log, **quality_kw)
+    q = run_quality(
+        reference,
+        files,
+        sampling,
+        Generation(enabled=False),
+        "reference",
+        out_dir,
+        threads=threads,
+        names=list(groups),
+        log=log,
+    ).to_dict()
     (out_dir / "quality.json").unlink(missing_ok=True)  # the sensitivity run holds it
     rows = []
     for g, f, m in zip(groups, files, q["models"]):

@@ -420,15 +420,33 @@ def test_existing_output_needs_force(tmp_path):
 # ---- atomic write ----------------------------------------------------------------------
 
 
-def test_failure_midway_leaves_nothing(tmp_path):
+def _failing_quantizer(monkeypatch, qtype):
+    """quants.quantize_rows that fails on the first call for `qtype`."""
+    real = quants.quantize_rows
+
+    def fail(x, qt, *a, **k):
+        if quants.parse_type(qt) == qtype:
+            raise RuntimeError("injected failure")
+        return real(x, qt, *a, **k)
+
+    monkeypatch.setattr(quants, "quantize_rows", fail)
+
+
+def test_failure_midway_leaves_nothing(tmp_path, monkeypatch):
     out = tmp_path / "o.gguf"
-    with pytest.raises(ConvertError, match="blk.0.ffn_up_exps.weight"):
-        _conv(VEC, out, _fail_after_tensor="blk.0.ffn_up_exps.weight")
+    _failing_quantizer(monkeypatch, Q.Q5_0)  # the experts' fallback type: blk.0.ffn_gate_exps comes first
+    with pytest.raises(ConvertError) as ei:
+        _conv(VEC, out)
+    e = ei.value
+    assert e.tensor == "blk.0.ffn_gate_exps.weight" and e.source == "model.layers.0.mlp.experts.0.gate_proj.weight"
+    assert e.shard == VEC / "model.safetensors" and e.output == out
+    assert "injected failure while writing tensor blk.0.ffn_gate_exps.weight" in str(e)
+    assert "no output written" in str(e)
     assert list(tmp_path.iterdir()) == []
     # with --force, the old file survives a failed conversion
     out.write_bytes(b"old")
     with pytest.raises(ConvertError):
-        _conv(VEC, out, force=True, _fail_after_tensor="blk.1.attn_q.weight")
+        _conv(VEC, out, force=True)
     assert out.read_bytes() == b"old" and _no_leftovers(tmp_path)
 
 

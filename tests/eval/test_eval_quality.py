@@ -11,6 +11,7 @@ from eval_helpers import docs as _docs
 
 from clover_gguf.eval import corpus as C
 from clover_gguf.eval.backends import TorchProvider, load_reference
+from clover_gguf.eval.quality import Sampling
 
 
 def test_masks_are_deterministic_and_sized_by_ratio():
@@ -117,11 +118,7 @@ def test_sensitivity_one_group(tmp_path):
         tmp_path / "s",
         groups=("experts_down",),
         qtype="q4_0",
-        docs=_docs(),
-        n_windows=1,
-        n_blocks=3,
-        ratios=(1.0,),
-        top_k=16,
+        sampling=Sampling(docs=_docs(), n_windows=1, n_blocks=3, ratios=(1.0,), top_k=16),
         log=lambda *a: None,
     )
     g = s["groups"][0]
