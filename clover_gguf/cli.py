@@ -115,29 +115,42 @@ def run_cmd(
 
 
 @cli.command("synth")
-@click.argument("out_dir", type=click.Path())
+@click.argument("out", type=click.Path())
 @click.option("--preset", "preset_name", help="Shapes of a named model (clover-35b-a3b, clover-tiny).")
 @click.option("--config", "config_path", type=click.Path(exists=True), help="Shapes from a config.json instead.")
 @click.option("--layers", type=int, help="Override the number of layers.")
 @click.option("--shard-size-mb", default=2000.0, show_default=True, help="Maximum shard size.")
 @click.option("--fused", is_flag=True, help="Write experts fused (gate_up_proj/down_proj) instead of per expert.")
+@click.option(
+    "--gguf",
+    "as_gguf",
+    is_flag=True,
+    help="Write OUT as a GGUF of random quantized blocks in the --recipe's types, directly (no BF16 checkpoint).",
+)
+@click.option("--recipe", default="q4_k_m", show_default=True, help="Types of the --gguf file (a convert recipe).")
 @click.option("--seed", default=0, show_default=True)
-def synth_cmd(out_dir, preset_name, config_path, layers, shard_size_mb, fused, seed):
-    """Write a seeded synthetic checkpoint (random BF16 weights, real shapes), sharded.
+def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gguf, recipe, seed):
+    """Write a seeded synthetic model with real shapes and random weights: a BF16 safetensors
+    checkpoint folder OUT (sharded), or with --gguf a GGUF file OUT.
 
     \b
     clover-gguf synth /tmp/c35 --preset clover-35b-a3b --layers 2 --shard-size-mb 1000
+    clover-gguf synth /tmp/c35-40l.gguf --preset clover-35b-a3b --gguf --recipe q4_k_m
     """
     from .config import CloverConfig, ConfigError, preset
-    from .gguf_io.synth import write_synthetic
+    from .convert import ConvertError
+    from .gguf_io.synth import write_synthetic, write_synthetic_gguf
 
     if (preset_name is None) == (config_path is None):
         raise click.UsageError("give exactly one of --preset or --config")
     try:
         cfg = preset(preset_name) if preset_name else CloverConfig.load(config_path)
-    except ConfigError as e:
+        if as_gguf:
+            path = write_synthetic_gguf(out, cfg, layers=layers, recipe=recipe, seed=seed)
+        else:
+            path = write_synthetic(out, cfg, layers=layers, shard_size_mb=shard_size_mb, fused=fused, seed=seed)
+    except (ConfigError, ConvertError) as e:
         raise click.ClickException(str(e)) from None
-    path = write_synthetic(out_dir, cfg, layers=layers, shard_size_mb=shard_size_mb, fused=fused, seed=seed)
     click.echo(f"wrote {path}")
 
 

@@ -101,7 +101,7 @@ def convert(
     kv = metadata(plan, vocab, placeholder, im, name)
     t0 = time.perf_counter()
     with temporary_output(out) as f, ShardReader(ck) as reader:
-        _write_gguf(f, plan, kv, Pipeline(plan, reader, im, threads or default_threads(), progress))
+        write_gguf(f, plan, kv, Pipeline(plan, reader, im, threads or default_threads(), progress))
     result.seconds = time.perf_counter() - t0
     result.bytes_in = plan.src_bytes
     result.bytes_out = out.stat().st_size
@@ -187,7 +187,7 @@ def temporary_output(out: Path) -> Iterator:
         raise ConvertError(f"{out}: {type(exc).__name__}: {exc}; no output written") from exc
 
 
-def _write_gguf(f, plan: Plan, kv: list[tuple], pipeline: Pipeline) -> None:
+def write_gguf(f, plan: Plan, kv: list[tuple], pipeline: Pipeline) -> None:
     """Header, metadata and tensor infos (gguf-py's GGUFWriter, into our open file), then the data."""
     writer = GGUFWriter(path=None, arch=ARCH)
     for k, v, t, sub in kv:

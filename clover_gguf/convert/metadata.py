@@ -32,7 +32,7 @@ def K(key: str) -> str:
     return Keys.fmt(key)
 
 
-def _placeholder_vocab(c: CloverConfig):
+def placeholder_vocab(c: CloverConfig):
     """Minimal byte-level vocabulary of size V for model dirs without a tokenizer: ids
     0..255 are the GPT-2 byte characters, special ids get their role's name, the rest are
     unused placeholders. Loads in llama.cpp; does not tokenize text meaningfully."""
@@ -84,7 +84,7 @@ def _placeholder_vocab(c: CloverConfig):
 def load_vocab(model_dir: Path, c: CloverConfig):
     """(GGUFVocab, placeholder?) from tokenizer.json or the placeholder; checked against config."""
     if not (model_dir / "tokenizer.json").exists():
-        return _placeholder_vocab(c), True
+        return placeholder_vocab(c), True
     from ..tokenizer import CloverTokenizer
 
     try:

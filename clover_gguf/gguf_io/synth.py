@@ -9,6 +9,7 @@ import os
 import struct
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -96,4 +97,99 @@ def write_synthetic(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n"
         )
     config.save(out / "config.json")
+    return out
+
+
+# --------------------------------------------------------------------------- GGUF directly
+
+POOL_ROWS = 64  # distinct quantized rows per (tensor kind); tensors repeat them in random order
+
+
+class _SyntheticSource:
+    """What the converter's plan reads from a checkpoint, for a config alone (fused experts,
+    BF16): the names and shapes the config implies."""
+
+    def __init__(self, config: CloverConfig, folder: Path):
+        self.config, self.dir, self.layout = config, folder, "fused"
+        self._shapes = config.expected_tensors(fused=True)
+
+    def names(self) -> list[str]:
+        return list(self._shapes)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def dtype(self, name: str) -> str:
+        return "BF16"
+
+
+def _float_rows(entry, seed: int) -> torch.Tensor:
+    """A small tensor's values (norms, memory gates, conv), as synthetic checkpoints have them."""
+    hf = entry.pieces[0].hf
+    t = _init(hf, entry.shape if entry.transform != "conv" else (entry.shape[0], 1, entry.shape[1]), seed)
+    if entry.transform == "a_log":
+        t = -torch.exp(t.double())
+    return t.float().reshape(-1, entry.shape[-1])
+
+
+def _random_rows(entry, seed: int, threads: int) -> np.ndarray:
+    """POOL_ROWS valid quantized rows of the entry's type, from normal values at the scale a
+    trained weight of that fan-in has."""
+    from ..convert import quants
+
+    g = torch.Generator().manual_seed(seed ^ int(hashlib.sha256(entry.name.encode()).hexdigest()[:12], 16))
+    n = entry.shape[-1]
+    std = 0.02 if entry.group == "embeddings" else n**-0.5
+    x = (std * torch.randn(POOL_ROWS, n, generator=g)).numpy()
+    return quants.quantize_rows(x, entry.qtype, threads=threads)
+
+
+def write_synthetic_gguf(
+    out_path: str | Path,
+    config: CloverConfig,
+    layers: int | None = None,
+    recipe: str = "q4_k_m",
+    seed: int = 0,
+    threads: int | None = None,
+    progress: bool = True,
+) -> Path:
+    """A GGUF with the config's shapes and the recipe's types, written directly: each quantized
+    tensor repeats POOL_ROWS valid random rows in a seeded order (no BF16 intermediate, no
+    quantization of the whole model), small float tensors get a synthetic checkpoint's values.
+    The file loads and runs in the runtime like a converted one (a random model)."""
+
+    from ..convert import quants
+    from ..convert.converter import temporary_output, write_gguf
+    from ..convert.metadata import metadata, placeholder_vocab
+    from ..convert.plan import build_plan
+    from ..convert.recipes import TypeRules
+    from ..util import default_threads
+
+    out = Path(out_path)
+    if layers is not None:
+        config = CloverConfig.from_dict({**config.to_dict(), "num_hidden_layers": layers})
+    threads = threads or default_threads()
+    source = _SyntheticSource(config, out.parent)
+    plan = build_plan(source, TypeRules.make(recipe=recipe))
+    kv = metadata(plan, placeholder_vocab(config), True, name=f"synthetic-{out.stem}")
+
+    class _Data:
+        def run(self, f, align: int) -> None:
+            rng = np.random.default_rng(seed)
+            bar = tqdm(total=plan.total_bytes, unit="B", unit_scale=True, desc="synth", disable=not progress)
+            for e in plan.entries:
+                if e.qtype not in quants.FLOAT_TYPES:
+                    pool = _random_rows(e, seed, threads)
+                    n_rows = e.n_elements // e.n_per_row
+                    for r0 in range(0, n_rows, 1 << 14):
+                        idx = rng.integers(0, POOL_ROWS, min(1 << 14, n_rows - r0))
+                        f.write(pool[idx].tobytes())
+                else:
+                    f.write(quants.quantize_rows(_float_rows(e, seed).numpy(), e.qtype, threads=threads).tobytes())
+                f.write(b"\0" * (-f.tell() % align))
+                bar.update(e.nbytes)
+            bar.close()
+
+    with temporary_output(out) as f:
+        write_gguf(f, plan, kv, _Data())
     return out
