@@ -240,6 +240,55 @@ def speed_cmd(
     click.echo(f"wrote {render(Path(out_dir) / 'speed.json')}")
 
 
+def _ints(ctx, param, value):
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: integers separated by commas") from None
+
+
+@eval_group.command("passes")
+@click.option("--layers", default="2,4", show_default=True, callback=_ints, help="Synthetic Clover-35B-A3B depths.")
+@click.option("--threads", default="1,2", show_default=True, callback=_ints)
+@click.option(
+    "--head", "heads", multiple=True, type=click.Choice(["q8_0", "q4_k_m"]), help="lm_head variant(s) [default: both]."
+)
+@click.option(
+    "--rounds", default=5, show_default=True, type=click.IntRange(1, 1000), help="Recorded rounds (after one warm-up)."
+)
+@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", default=0, show_default=True, type=click.IntRange(0, 1000))
+@click.option(
+    "--work",
+    type=click.Path(file_okay=False),
+    default="out/bench-passes-work",
+    show_default=True,
+    help="Where the synthetic GGUFs and their Qwen3-MoE twins are written (reused).",
+)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench-passes", show_default=True)
+def passes_cmd(layers, threads, heads, rounds, n_gpu_layers, work, out_dir):
+    """Clover's commit, denoising step, prefill and generation side by side with llama.cpp's own
+    passes on a Qwen3-MoE twin (same tensors byte for byte), in one build and one process.
+    Run it on a quiet machine: nothing else building, training or testing.
+
+    \b
+    clover-gguf eval passes --layers 2,4 --threads 1,2
+    clover-gguf eval passes --layers 40 --threads 16 -ngl 99 --head q4_k_m --rounds 3
+    """
+    from .passes import PassesConfig, run_passes
+
+    cfg = PassesConfig(
+        layers=layers,
+        threads=threads,
+        heads=tuple(heads) or ("q8_0", "q4_k_m"),
+        rounds=rounds,
+        n_gpu_layers=n_gpu_layers,
+        work=Path(work),
+        out=Path(out_dir),
+    )
+    run_passes(cfg, log=lambda m: click.echo(m, err=True))
+    click.echo(f"report: {Path(out_dir) / 'report.md'}")
+
+
 @eval_group.command("sensitivity")
 @click.option("--reference", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--type", "qtype", default="q4_k", show_default=True, help="Type given to one group at a time.")

@@ -638,6 +638,10 @@ def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str
         from .agent import render_agent
 
         return render_agent(run, out)
+    if run.get("kind") == "passes":
+        from .passes import render_passes
+
+        return render_passes(run, out)
     secs = sections(run)
     if not secs or not set(secs) <= {"quality", "speed", "sensitivity"}:
         raise ValueError(f"not an eval run: kind={run.get('kind')!r}")

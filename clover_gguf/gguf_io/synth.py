@@ -148,8 +148,10 @@ def write_synthetic_gguf(
     out_path: str | Path,
     config: CloverConfig,
     layers: int | None = None,
-    recipe: str = "q4_k_m",
+    recipe: str | None = "q4_k_m",
     seed: int = 0,
+    outtype: str | None = None,
+    experts: str | None = None,
     threads: int | None = None,
     progress: bool = True,
 ) -> Path:
@@ -170,7 +172,7 @@ def write_synthetic_gguf(
         config = CloverConfig.from_dict({**config.to_dict(), "num_hidden_layers": layers})
     threads = threads or default_threads()
     source = _SyntheticSource(config, out.parent)
-    plan = build_plan(source, TypeRules.make(recipe=recipe))
+    plan = build_plan(source, TypeRules.make(outtype, experts, None, recipe))
     kv = metadata(plan, placeholder_vocab(config), True, name=f"synthetic-{out.stem}")
 
     class _Data:
