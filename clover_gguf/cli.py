@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import click
 
 from . import __version__
@@ -176,7 +178,7 @@ def _recipe_help() -> str:
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (tensors, types, sizes, bits per weight) and exit.")
-@click.option("-t", "--threads", type=int, help="Quantization threads [default: all cores].")
+@click.option("-t", "--threads", type=click.IntRange(min=1), help="Quantization threads [default: all cores].")
 @click.option(
     "--backend",
     type=click.Choice(["auto", "ggml", "numpy"]),
@@ -235,8 +237,8 @@ def convert_cmd(
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt as e:
         notes = "; ".join(getattr(e, "__notes__", []))
-        click.echo(f"\nInterrupted{': ' + notes if notes else ''}", err=True)
-        raise SystemExit(130) from None
+        click.echo(f"\nInterrupted ({e}){': ' + notes if notes else ''}", err=True)
+        raise SystemExit(128 + getattr(e, "signum", signal.SIGINT)) from None
     plan = res.plan
     if dry_run:
         click.echo(plan.table(verbose=verbose))
