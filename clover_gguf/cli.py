@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 
 import click
 
 from . import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Group):
+    """Errors are one line: a bad option value prints "Error: ..." without the usage block."""
+
+    def main(self, *args, **kwargs):
+        standalone = kwargs.pop("standalone_mode", True)
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:
+            if not standalone:
+                raise
+            click.echo(f"Error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            if not standalone:
+                raise
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="clover-gguf")
 def cli():
     """Clover block-diffusion MoE: reference model, GGUF converter, llama.cpp runtime, eval."""
@@ -27,23 +48,58 @@ def _ids(ctx, param, value):
         raise click.BadParameter("token ids must be integers separated by commas or spaces") from None
 
 
+class Finite(click.ParamType):
+    """A finite float in [lo, hi] (click's FloatRange lets NaN through)."""
+
+    name = "float"
+
+    def __init__(self, lo: float, hi: float, lo_open: bool = False):
+        self.lo, self.hi, self.lo_open = lo, hi, lo_open
+
+    def convert(self, value, param, ctx):
+        import math
+
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        ok = math.isfinite(v) and (v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
+        if not ok:
+            self.fail(
+                f"{value} is not a finite number in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]", param, ctx
+            )
+        return v
+
+
+MAX_BLOCK = 1024  # limits.py: diffusion.block_size
+
+
 @cli.command("run")
 @click.argument("model", required=False, type=click.Path(exists=True))
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("--prompt-ids", callback=_ids, help="Prompt as token ids (e.g. '1,2,3'), for models without a tokenizer.")
-@click.option("-n", "--max-new-tokens", default=64, show_default=True)
-@click.option("--block-size", type=int, help="Decoding block size [default: the model's].")
-@click.option("--steps", type=int, help="`steps` schedule: denoising steps per block.")
-@click.option("--threshold", type=float, help="`threshold` schedule: unmask every token this confident [default: 0.9].")
-@click.option("--temp", default=0.0, show_default=True, help="Temperature; 0 is greedy.")
-@click.option("--top-k", default=0, show_default=True)
-@click.option("--top-p", default=1.0, show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("-n", "--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 24))
+@click.option("--block-size", type=click.IntRange(1, MAX_BLOCK), help="Decoding block size [default: the model's].")
+@click.option("--steps", type=click.IntRange(1, MAX_BLOCK), help="`steps` schedule: denoising steps per block.")
+@click.option(
+    "--threshold", type=Finite(0, 1), help="`threshold` schedule: unmask every token this confident [default: 0.9]."
+)
+@click.option("--temp", default=0.0, show_default=True, type=Finite(0, 100), help="Temperature; 0 is greedy.")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--top-p", default=1.0, show_default=True, type=Finite(0, 1, lo_open=True))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1))
 @click.option("--chat", is_flag=True, help="Apply the model's chat template to the prompt.")
 @click.option("--think/--no-think", default=True, show_default=True, help="Thinking mode of the chat template.")
 @click.option("--system", help="System message for --chat.")
-@click.option("-t", "--threads", type=int, help="CPU threads.")
-@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, help="Layers offloaded to the GPU (.gguf only).")
+@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads.")
+@click.option(
+    "-ngl",
+    "--n-gpu-layers",
+    default=0,
+    show_default=True,
+    type=click.IntRange(-1, 1024),
+    help="Layers offloaded to the GPU (.gguf only).",
+)
 @click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading (.gguf only).")
 @click.option(
     "--dtype",
@@ -53,6 +109,7 @@ def _ids(ctx, param, value):
     help="Reference precision (safetensors models only).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print completion, token ids and per-block statistics as JSON.")
+@click.option("--debug", is_flag=True, help="Show llama.cpp's whole log (also CLOVER_GGUF_VERBOSE=1).")
 def run_cmd(
     model,
     prompt,
@@ -73,6 +130,7 @@ def run_cmd(
     experts_on_cpu,
     dtype,
     as_json,
+    debug,
 ):
     """Generate with block diffusion from MODEL: a safetensors model folder (PyTorch
     reference) or a .gguf file (patched llama.cpp). Default MODEL: the bundled clover-tiny.
@@ -85,6 +143,12 @@ def run_cmd(
 
     if prompt is None and prompt_ids is None:
         raise click.UsageError("give -p/--prompt or --prompt-ids")
+    if debug:
+        os.environ["CLOVER_GGUF_VERBOSE"] = "1"
+    from .config import ConfigError
+    from .runtime.bindings import RuntimeNotBuilt
+    from .runtime.runtime import RuntimeError_
+
     try:
         out = run(
             model or DEFAULT_MODEL,
@@ -106,8 +170,10 @@ def run_cmd(
             experts_on_cpu=experts_on_cpu,
             dtype=dtype,
         )
-    except (ValueError, OSError) as e:
+    except (ValueError, ConfigError, RuntimeError_, RuntimeNotBuilt) as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{e.filename or model}: {e.strerror or e}") from None
     print_output(out, as_json)
 
 
@@ -265,8 +331,10 @@ def inspect_cmd(path, show_tensors, no_metadata):
 
     try:
         ins = inspect_path(path)
-    except (ValueError, OSError) as e:
-        raise click.ClickException(f"{path}: {e}") from None
+    except ValueError as e:  # names the file
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{path}: {e.strerror or e}") from None
     click.echo(format_inspection(ins, show_tensors=show_tensors, show_metadata=not no_metadata))
 
 

@@ -139,7 +139,7 @@ def _load_imatrix(path):
 
     try:
         return load_imatrix(path)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # gguf-py raises whatever a damaged file leads to
         raise ConvertError(f"{path}: cannot read the imatrix ({e})") from None
 
 
