@@ -181,10 +181,12 @@ def run_cmd(
 @click.argument("out_dir", type=click.Path())
 @click.option("--preset", "preset_name", help="Shapes of a named model (clover-35b-a3b, clover-tiny).")
 @click.option("--config", "config_path", type=click.Path(exists=True), help="Shapes from a config.json instead.")
-@click.option("--layers", type=int, help="Override the number of layers.")
-@click.option("--shard-size-mb", default=2000.0, show_default=True, help="Maximum shard size.")
+@click.option("--layers", type=click.IntRange(1, 512), help="Override the number of layers.")
+@click.option(
+    "--shard-size-mb", default=2000.0, show_default=True, type=Finite(0, 1e7, lo_open=True), help="Maximum shard size."
+)
 @click.option("--fused", is_flag=True, help="Write experts fused (gate_up_proj/down_proj) instead of per expert.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
 def synth_cmd(out_dir, preset_name, config_path, layers, shard_size_mb, fused, seed):
     """Write a seeded synthetic checkpoint (random BF16 weights, real shapes), sharded.
 
@@ -351,10 +353,18 @@ def inspect_cmd(path, show_tensors, no_metadata):
     type=click.Path(dir_okay=False),
     help="Output imatrix (llama.cpp GGUF imatrix format).",
 )
-@click.option("-c", "--ctx", "n_ctx", default=512, show_default=True, help="Tokens per chunk.")
-@click.option("--chunks", type=int, help="Use at most this many chunks.")
-@click.option("--block-size", type=int, help="Block size [default: the model's].")
-@click.option("--seed", default=0, show_default=True, help="Seed of the mask draws of the denoising stream.")
+@click.option(
+    "-c", "--ctx", "n_ctx", default=512, show_default=True, type=click.IntRange(1, 1 << 20), help="Tokens per chunk."
+)
+@click.option("--chunks", type=click.IntRange(min=1), help="Use at most this many chunks.")
+@click.option("--block-size", type=click.IntRange(1, MAX_BLOCK), help="Block size [default: the model's].")
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Seed of the mask draws of the denoising stream.",
+)
 def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
     """Compute an importance matrix with the PyTorch reference on a text file, counting
     each routed expert's activations separately (llama.cpp's GGUF imatrix format)."""

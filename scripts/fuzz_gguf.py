@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 KEEP = REPO / "tests" / "data" / "fuzz"
 PROMPT_IDS = "1,2,3,4,5,6,7,8,9,10,11"
 MEM_LIMIT = 4 << 30  # address space a target may add
+CLI: Path | None = None  # --cli
 TIMEOUT = 30.0
 
 # ---- a minimal GGUF codec (it must also write what gguf-py would refuse) -------------------
@@ -330,6 +331,8 @@ def mutant(rng, base: Gguf, raw_base: bytes, meta_len: int) -> tuple[bytes, str]
 def _limit(extra: int):
     def f():
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if not extra:
+            return
         vm = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         resource.setrlimit(resource.RLIMIT_AS, (vm + extra, vm + extra))
 
@@ -401,7 +404,7 @@ class PythonWorker:
     def _start(self):
         self.rd, w = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(w)],
+            [sys.executable, __file__, "--worker", str(w), "--mem-limit-gb", str(MEM_LIMIT / 2**30)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -513,6 +516,8 @@ def base_file(work: Path) -> Path:
 
 
 def find_cli() -> Path:
+    if CLI is not None:
+        return CLI
     from clover_gguf.runtime import bindings
 
     lib = Path(bindings.load().lib_path)
@@ -588,6 +593,7 @@ def replay(folder: Path, timeout: float = TIMEOUT) -> Tally:
 
 
 def main(argv=None) -> int:
+    global MEM_LIMIT, CLI
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -597,8 +603,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-keep", action="store_true", help="Keep nothing.")
     ap.add_argument("--timeout", type=float, default=TIMEOUT, help="Seconds per target and input.")
     ap.add_argument("--replay", type=Path, help="Run the kept inputs of this folder instead of mutants.")
+    ap.add_argument("--cli", type=Path, help="llama-clover-cli to run (default: the built runtime's).")
+    ap.add_argument(
+        "--mem-limit-gb",
+        type=float,
+        default=MEM_LIMIT / 2**30,
+        help="Address space a target may add (0: none, for ASan).",
+    )
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    MEM_LIMIT, CLI = int(a.mem_limit_gb * 2**30), a.cli
     if a.worker is not None:
         worker_main(a.worker)
         return 0
