@@ -80,7 +80,9 @@ def inspect_gguf(path) -> Inspection:
             for t in r.tensors
         ]
     except Exception as e:
-        raise GGUFReadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+        raise GGUFReadError(
+            f"{path}: not a valid GGUF file ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
+        ) from None
     return Inspection(Path(path), "gguf", md, tensors, _group(tensors))
 
 

@@ -8,6 +8,7 @@ This is what the eval uses to run the PyTorch reference on the quantized weights
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -38,14 +39,101 @@ class GGUFReadError(ValueError):
     """A file that is not a (valid Clover) GGUF; the message names the file and the key or tensor."""
 
 
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType -> bytes
+_STRING, _ARRAY = 8, 9
+
+
+def _shown(b: bytes, n: int = 60) -> str:
+    """A name from a damaged file, printable on one line."""
+    return repr(b[:n].decode("utf-8", "replace"))[1:-1] + ("..." if len(b) > n else "")
+
+
+def check_structure(path) -> None:
+    """Walk the header, key/values and tensor infos checking that every length and count fits
+    in the file, before gguf-py parses it (gguf-py loops for ever on an array whose count runs
+    past the end of the file)."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 24:
+            raise GGUFReadError(f"{path}: not a valid GGUF file ({size} bytes)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            pos = 0
+
+            def take(fmt: str, what: str):
+                nonlocal pos
+                n = struct.calcsize(fmt)
+                if pos + n > size:
+                    raise GGUFReadError(f"{path}: not a valid GGUF file ({what} runs past the end of the file)")
+                v = struct.unpack_from(fmt, mm, pos)[0]
+                pos += n
+                return v
+
+            def string(what: str) -> bytes:
+                nonlocal pos
+                n = take("<Q", what)
+                if n > size - pos:
+                    raise GGUFReadError(
+                        f"{path}: not a valid GGUF file ({what}: a string of {n} bytes runs past the end)"
+                    )
+                pos += n
+                return bytes(mm[pos - n : pos])
+
+            if take("<I", "the magic") != 0x46554747:
+                raise GGUFReadError(f"{path}: not a valid GGUF file (no GGUF magic)")
+            version = take("<I", "the version")
+            if version not in (2, 3):
+                raise GGUFReadError(f"{path}: not a valid GGUF file (version {version})")
+            n_tensors, n_kv = take("<Q", "the tensor count"), take("<Q", "the key count")
+            if n_kv > size // 13 or n_tensors > size // 25:  # smallest possible entries
+                raise GGUFReadError(f"{path}: not a valid GGUF file ({n_kv} keys, {n_tensors} tensors in {size} bytes)")
+            for i in range(n_kv):
+                key = _shown(string(f"key #{i}"))
+                t = take("<I", f"the type of {key}")
+                if t == _ARRAY:
+                    sub, count = take("<I", f"the array type of {key}"), take("<Q", f"the length of {key}")
+                    if sub == _STRING:
+                        if count > (size - pos) // 8:
+                            raise GGUFReadError(f"{path}: not a valid GGUF file ({key}: {count} strings do not fit)")
+                        for j in range(count):
+                            string(f"{key}[{j}]")
+                    elif sub in _SCALAR_BYTES:
+                        if count * _SCALAR_BYTES[sub] > size - pos:
+                            raise GGUFReadError(f"{path}: not a valid GGUF file ({key}: {count} values do not fit)")
+                        pos += count * _SCALAR_BYTES[sub]
+                    else:
+                        raise GGUFReadError(f"{path}: not a valid GGUF file ({key}: array of type {sub})")
+                elif t == _STRING:
+                    string(key)
+                elif t in _SCALAR_BYTES:
+                    take({1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[_SCALAR_BYTES[t]], key)
+                else:
+                    raise GGUFReadError(f"{path}: not a valid GGUF file (key {key} has type {t})")
+            for i in range(n_tensors):
+                name = _shown(string(f"tensor info #{i}"))
+                nd = take("<I", f"the dimensions of {name}")
+                if nd > 4:
+                    raise GGUFReadError(f"{path}: not a valid GGUF file (tensor {name} has {nd} dimensions)")
+                for _ in range(nd):
+                    take("<Q", f"the shape of {name}")
+                take("<I", f"the type of {name}")
+                take("<Q", f"the offset of {name}")
+
+
 def open_gguf(path) -> GGUFReader:
     """gguf-py's reader on ``path``; any failure to parse it is one GGUFReadError."""
     try:
+        check_structure(path)
         return GGUFReader(path)
+    except GGUFReadError:
+        raise
     except OSError as e:
         raise GGUFReadError(f"{path}: cannot read ({e.strerror or e})") from None
     except Exception as e:  # gguf-py raises whatever the damaged bytes lead to
-        raise GGUFReadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+        why = " ".join(str(e).split())[:300]
+        raise GGUFReadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {why})") from None
 
 
 def metadata(path) -> dict:
