@@ -570,7 +570,7 @@ def check_matches_reference(gguf: Path, reference: Path, cfg) -> None:
     config, every tensor's shape, and the tokenizer's token strings (by hash). Raises
     QualityError naming the first difference."""
     from ..convert.metadata import load_vocab
-    from ..gguf_io.reader import config_from_reader, gguf_shapes, open_gguf, token_strings
+    from ..gguf_io.reader import config_from_reader, gguf_shapes, open_gguf, shown_name, token_strings
 
     def differs(what: str):
         return QualityError(f"{gguf}: does not match the reference {reference}: {what}")
@@ -585,7 +585,9 @@ def check_matches_reference(gguf: Path, reference: Path, cfg) -> None:
     for t in r.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         if want.get(t.name) != shape:
-            raise differs(f"tensor {t.name} has shape {list(shape)}, the reference's is {list(want.get(t.name, ()))}")
+            raise differs(
+                f"tensor {shown_name(t.name.encode())} has shape {list(shape)}, the reference's is {list(want.get(t.name, ()))}"
+            )
     try:
         vocab, _ = load_vocab(reference, cfg)
     except Exception as e:  # the converter's own error (ConvertError): the reference's tokenizer is broken

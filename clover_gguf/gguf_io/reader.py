@@ -43,7 +43,7 @@ _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 1
 _STRING, _ARRAY = 8, 9
 
 
-def _shown(b: bytes, n: int = 60) -> str:
+def shown_name(b: bytes, n: int = 60) -> str:
     """A name from a damaged file, printable on one line."""
     return repr(b[:n].decode("utf-8", "replace"))[1:-1] + ("..." if len(b) > n else "")
 
@@ -90,7 +90,7 @@ def check_structure(path) -> None:
             if n_kv > size // 13 or n_tensors > size // 25:  # smallest possible entries
                 raise GGUFReadError(f"{path}: not a valid GGUF file ({n_kv} keys, {n_tensors} tensors in {size} bytes)")
             for i in range(n_kv):
-                key = _shown(string(f"key #{i}"))
+                key = shown_name(string(f"key #{i}"))
                 t = take("<I", f"the type of {key}")
                 if t == _ARRAY:
                     sub, count = take("<I", f"the array type of {key}"), take("<Q", f"the length of {key}")
@@ -112,7 +112,7 @@ def check_structure(path) -> None:
                 else:
                     raise GGUFReadError(f"{path}: not a valid GGUF file (key {key} has type {t})")
             for i in range(n_tensors):
-                name = _shown(string(f"tensor info #{i}"))
+                name = shown_name(string(f"tensor info #{i}"))
                 nd = take("<I", f"the dimensions of {name}")
                 if nd > 4:
                     raise GGUFReadError(f"{path}: not a valid GGUF file (tensor {name} has {nd} dimensions)")
@@ -324,7 +324,7 @@ def load_gguf_as_hf_tensors(
     for t in r.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         if t.name not in want:
-            raise GGUFReadError(f"{path}: unknown tensor {t.name}")
+            raise GGUFReadError(f"{path}: unknown tensor {shown_name(t.name.encode())}")
         if shape != want[t.name]:
             raise GGUFReadError(
                 f"{path}: tensor {t.name} has shape {list(shape)}, the metadata implies {list(want[t.name])}"
@@ -345,7 +345,7 @@ def load_gguf_as_hf_tensors(
             continue
         hf = gguf_to_hf_name(t.name)
         if hf is None:
-            raise GGUFReadError(f"{path}: unknown tensor {t.name}")
+            raise GGUFReadError(f"{path}: unknown tensor {shown_name(t.name.encode())}")
         transform = spec_for_hf(hf).transform
         if transform == "a_log":
             x = torch.log(-x.double()).float()
