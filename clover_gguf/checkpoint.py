@@ -5,6 +5,7 @@ shard, so memory stays bounded by the largest tensor asked for."""
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -30,8 +31,70 @@ class CheckpointError(ValueError):
     """A checkpoint that does not match its config: names the file and tensor at fault."""
 
 
+# bytes per element of every safetensors dtype (for the byte-range check of any entry)
+ELEMENT_SIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4,
+    "U64": 8, "I64": 8, "F64": 8,
+}  # fmt: skip
+MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+
+
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise ValueError(f"duplicate key {k!r}")
+        d[k] = v
+    return d
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check_entries(path: Path, header: dict, data_size: int) -> None:
+    """Every entry: dtype known, shape a list of counts, data_offsets [begin, end] with
+    end - begin == prod(shape) * element size; the byte ranges lie in the data section and
+    do not overlap (one tensor's bytes can never be read as another's)."""
+    ranges = []
+    for name, e in header.items():
+        where = f"{path}: tensor {name}"
+        if not isinstance(e, dict):
+            raise CheckpointError(f"{where}: header entry is not an object")
+        dt, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+        if dt not in ELEMENT_SIZE:
+            raise CheckpointError(f"{where}: unknown dtype {dt!r}")
+        if not isinstance(shape, list) or not all(_is_count(x) for x in shape):
+            raise CheckpointError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+        if not isinstance(offs, list) or len(offs) != 2 or not all(_is_count(x) for x in offs):
+            raise CheckpointError(f"{where}: data_offsets {offs!r} is not [begin, end] with non-negative integers")
+        b, end = offs
+        if b > end:
+            raise CheckpointError(f"{where}: data_offsets {offs} are reversed")
+        need = math.prod(shape) * ELEMENT_SIZE[dt]
+        if end - b != need:
+            raise CheckpointError(
+                f"{where}: data_offsets {offs} hold {end - b} bytes, shape {shape} of {dt} needs {need}"
+            )
+        ranges.append((b, end, name))
+    ranges.sort()
+    pos, prev = 0, None
+    for b, end, name in ranges:
+        if end > data_size:
+            raise CheckpointError(
+                f"{path}: truncated safetensors file: tensor {name} needs data up to byte {end}, "
+                f"the data section has {data_size}"
+            )
+        if b < pos:
+            raise CheckpointError(f"{path}: tensors {prev} and {name} overlap (data_offsets)")
+        if end > b:  # empty tensors overlap nothing
+            pos, prev = end, name
+
+
 def _read_header(path: Path) -> dict:
-    """Parse a safetensors header without mapping the data; checks the file is complete."""
+    """Parse and check a safetensors header without mapping the data (see _check_entries)."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -41,13 +104,17 @@ def _read_header(path: Path) -> dict:
             (n,) = struct.unpack("<Q", raw)
             if n > size - 8:
                 raise CheckpointError(f"{path}: truncated safetensors file (header says {n} bytes)")
-            header = json.loads(f.read(n))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            if n > MAX_HEADER:
+                raise CheckpointError(f"{path}: header of {n} bytes, more than the {MAX_HEADER} safetensors allows")
+            header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (OSError, ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
+        if isinstance(e, CheckpointError):
+            raise
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: not a readable safetensors file (the header is not a JSON object)")
     header.pop("__metadata__", None)
-    end = max((v["data_offsets"][1] for v in header.values()), default=0)
-    if 8 + n + end > size:
-        raise CheckpointError(f"{path}: truncated safetensors file: data needs {8 + n + end} bytes, file has {size}")
+    _check_entries(path, header, size - 8 - n)
     return header
 
 
@@ -60,12 +127,7 @@ class Checkpoint:
         index = self.dir / INDEX_NAME
         self._where: dict[str, Path] = {}
         if index.exists():
-            try:
-                wm = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise CheckpointError(f"{index}: bad index file ({e!r})") from None
-            for name, shard in wm.items():
-                self._where[name] = self.dir / shard
+            self._where = self._read_index(index)
         elif (self.dir / SINGLE_NAME).exists():
             self._where = None  # filled from the header below
         else:
@@ -90,6 +152,21 @@ class Checkpoint:
                         )
         self._handles: dict[Path, object] = {}
         self.layout = "fused" if HF_EXPERT_FUSED_DOWN.format(bid=0) in self._where else "per_expert"
+
+    def _read_index(self, index: Path) -> dict[str, Path]:
+        """tensor -> shard path from model.safetensors.index.json; shards are plain file names."""
+        try:
+            wm = json.loads(index.read_bytes().decode("utf-8"), object_pairs_hook=_no_duplicates)["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            raise CheckpointError(f"{index}: bad index file ({e!r})") from None
+        if not isinstance(wm, dict):
+            raise CheckpointError(f"{index}: bad index file ('weight_map' is not an object)")
+        where = {}
+        for name, shard in wm.items():
+            if not isinstance(shard, str) or not shard or shard in (".", "..") or "/" in shard or "\\" in shard:
+                raise CheckpointError(f"{index}: tensor {name} maps to {shard!r}, not a shard file name")
+            where[name] = self.dir / shard
+        return where
 
     def _header(self, path: Path) -> dict:
         if path not in self._headers:

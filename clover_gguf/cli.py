@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
 import click
 
 from . import __version__
 from .constants import DEFAULT_THRESHOLD
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Group):
+    """Errors are one line: a bad option value prints "Error: ..." without the usage block."""
+
+    def main(self, *args, **kwargs):
+        standalone = kwargs.pop("standalone_mode", True)
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:
+            if not standalone:
+                raise
+            click.echo(f"Error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            if not standalone:
+                raise
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="clover-gguf")
 def cli():
     """Clover block-diffusion MoE: reference model, GGUF converter, llama.cpp runtime, eval."""
@@ -26,27 +49,60 @@ def _ids(ctx, param, value):
         raise click.BadParameter("token ids must be integers separated by commas or spaces") from None
 
 
+class Finite(click.ParamType):
+    """A finite float in [lo, hi] (click's FloatRange lets NaN through)."""
+
+    name = "float"
+
+    def __init__(self, lo: float, hi: float, lo_open: bool = False):
+        self.lo, self.hi, self.lo_open = lo, hi, lo_open
+
+    def convert(self, value, param, ctx):
+        import math
+
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        ok = math.isfinite(v) and (v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
+        if not ok:
+            self.fail(
+                f"{value} is not a finite number in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]", param, ctx
+            )
+        return v
+
+
+MAX_BLOCK = 1024  # limits.py: diffusion.block_size
+
+
 @cli.command("run")
 @click.argument("model", required=False, type=click.Path(exists=True))
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("--prompt-ids", callback=_ids, help="Prompt as token ids (e.g. '1,2,3'), for models without a tokenizer.")
-@click.option("-n", "--max-new-tokens", default=64, show_default=True)
-@click.option("--block-size", type=int, help="Decoding block size [default: the model's].")
-@click.option("--steps", type=int, help="`steps` schedule: denoising steps per block.")
+@click.option("-n", "--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 24))
+@click.option("--block-size", type=click.IntRange(1, MAX_BLOCK), help="Decoding block size [default: the model's].")
+@click.option("--steps", type=click.IntRange(1, MAX_BLOCK), help="`steps` schedule: denoising steps per block.")
 @click.option(
     "--threshold",
-    type=float,
+    type=Finite(0, 1),
     help=f"`threshold` schedule: unmask every token this confident [default: {DEFAULT_THRESHOLD}].",
 )
-@click.option("--temp", default=0.0, show_default=True, help="Temperature; 0 is greedy.")
-@click.option("--top-k", default=0, show_default=True)
-@click.option("--top-p", default=1.0, show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("--temp", default=0.0, show_default=True, type=Finite(0, 100), help="Temperature; 0 is greedy.")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--top-p", default=1.0, show_default=True, type=Finite(0, 1, lo_open=True))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1))
 @click.option("--chat", is_flag=True, help="Apply the model's chat template to the prompt.")
 @click.option("--think/--no-think", default=True, show_default=True, help="Thinking mode of the chat template.")
 @click.option("--system", help="System message for --chat.")
-@click.option("-t", "--threads", type=int, help="CPU threads.")
-@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, help="Layers offloaded to the GPU (.gguf only).")
+@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads.")
+@click.option(
+    "-ngl",
+    "--n-gpu-layers",
+    default=0,
+    show_default=True,
+    type=click.IntRange(-1, 1024),
+    help="Layers offloaded to the GPU (.gguf only).",
+)
 @click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading (.gguf only).")
 @click.option(
     "--dtype",
@@ -56,6 +112,7 @@ def _ids(ctx, param, value):
     help="Reference precision (safetensors models only).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print completion, token ids and per-block statistics as JSON.")
+@click.option("--debug", is_flag=True, help="Show llama.cpp's whole log (also CLOVER_GGUF_VERBOSE=1).")
 def run_cmd(
     model,
     prompt,
@@ -76,6 +133,7 @@ def run_cmd(
     experts_on_cpu,
     dtype,
     as_json,
+    debug,
 ):
     """Generate with block diffusion from MODEL: a safetensors model folder (PyTorch
     reference) or a .gguf file (patched llama.cpp). Default MODEL: the bundled clover-tiny.
@@ -88,6 +146,12 @@ def run_cmd(
 
     if prompt is None and prompt_ids is None:
         raise click.UsageError("give -p/--prompt or --prompt-ids")
+    if debug:
+        os.environ["CLOVER_GGUF_VERBOSE"] = "1"
+    from .config import ConfigError
+    from .runtime.bindings import RuntimeNotBuilt
+    from .runtime.runtime import RuntimeError_
+
     try:
         out = run(
             model or DEFAULT_MODEL,
@@ -109,8 +173,10 @@ def run_cmd(
             experts_on_cpu=experts_on_cpu,
             dtype=dtype,
         )
-    except (ValueError, OSError) as e:
+    except (ValueError, ConfigError, RuntimeError_, RuntimeNotBuilt) as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{e.filename or model}: {e.strerror or e}") from None
     print_output(out, as_json)
 
 
@@ -118,8 +184,10 @@ def run_cmd(
 @click.argument("out", type=click.Path())
 @click.option("--preset", "preset_name", help="Shapes of a named model (clover-35b-a3b, clover-tiny).")
 @click.option("--config", "config_path", type=click.Path(exists=True), help="Shapes from a config.json instead.")
-@click.option("--layers", type=int, help="Override the number of layers.")
-@click.option("--shard-size-mb", default=2000.0, show_default=True, help="Maximum shard size.")
+@click.option("--layers", type=click.IntRange(1, 512), help="Override the number of layers.")
+@click.option(
+    "--shard-size-mb", default=2000.0, show_default=True, type=Finite(0, 1e7, lo_open=True), help="Maximum shard size."
+)
 @click.option("--fused", is_flag=True, help="Write experts fused (gate_up_proj/down_proj) instead of per expert.")
 @click.option(
     "--gguf",
@@ -128,7 +196,7 @@ def run_cmd(
     help="Write OUT as a GGUF of random quantized blocks in the --recipe's types, directly (no BF16 checkpoint).",
 )
 @click.option("--recipe", default="q4_k_m", show_default=True, help="Types of the --gguf file (a convert recipe).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
 def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gguf, recipe, seed):
     """Write a seeded synthetic model with real shapes and random weights: a BF16 safetensors
     checkpoint folder OUT (sharded), or with --gguf a GGUF file OUT.
@@ -137,7 +205,7 @@ def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gg
     clover-gguf synth /tmp/c35 --preset clover-35b-a3b --layers 2 --shard-size-mb 1000
     clover-gguf synth /tmp/c35-40l.gguf --preset clover-35b-a3b --gguf --recipe q4_k_m
     """
-    from .config import CloverConfig, ConfigError, preset
+    from .config import CloverConfig, preset
     from .convert import ConvertError
     from .gguf_io.synth import write_synthetic, write_synthetic_gguf
 
@@ -149,7 +217,7 @@ def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gg
             path = write_synthetic_gguf(out, cfg, layers=layers, recipe=recipe, seed=seed)
         else:
             path = write_synthetic(out, cfg, layers=layers, shard_size_mb=shard_size_mb, fused=fused, seed=seed)
-    except (ConfigError, ConvertError) as e:
+    except (ValueError, ConvertError, OSError) as e:  # ConfigError is a ValueError
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {path}")
 
@@ -194,7 +262,7 @@ def _recipe_help() -> str:
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (tensors, types, sizes, bits per weight) and exit.")
-@click.option("-t", "--threads", type=int, help="Quantization threads [default: all cores].")
+@click.option("-t", "--threads", type=click.IntRange(min=1), help="Quantization threads [default: all cores].")
 @click.option(
     "--backend",
     type=click.Choice(["auto", "ggml", "numpy"]),
@@ -253,8 +321,8 @@ def convert_cmd(
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt as e:
         notes = "; ".join(getattr(e, "__notes__", []))
-        click.echo(f"\nInterrupted{': ' + notes if notes else ''}", err=True)
-        raise SystemExit(130) from None
+        click.echo(f"\nInterrupted ({e}){': ' + notes if notes else ''}", err=True)
+        raise SystemExit(128 + getattr(e, "signum", signal.SIGINT)) from None
     plan = res.plan
     if dry_run:
         click.echo(plan.table(verbose=verbose))
@@ -281,8 +349,10 @@ def inspect_cmd(path, show_tensors, no_metadata):
 
     try:
         ins = inspect_path(path)
-    except (ValueError, OSError) as e:
-        raise click.ClickException(f"{path}: {e}") from None
+    except ValueError as e:  # names the file
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{path}: {e.strerror or e}") from None
     click.echo(format_inspection(ins, show_tensors=show_tensors, show_metadata=not no_metadata))
 
 
@@ -299,10 +369,18 @@ def inspect_cmd(path, show_tensors, no_metadata):
     type=click.Path(dir_okay=False),
     help="Output imatrix (llama.cpp GGUF imatrix format).",
 )
-@click.option("-c", "--ctx", "n_ctx", default=512, show_default=True, help="Tokens per chunk.")
-@click.option("--chunks", type=int, help="Use at most this many chunks.")
-@click.option("--block-size", type=int, help="Block size [default: the model's].")
-@click.option("--seed", default=0, show_default=True, help="Seed of the mask draws of the denoising stream.")
+@click.option(
+    "-c", "--ctx", "n_ctx", default=512, show_default=True, type=click.IntRange(1, 1 << 20), help="Tokens per chunk."
+)
+@click.option("--chunks", type=click.IntRange(min=1), help="Use at most this many chunks.")
+@click.option("--block-size", type=click.IntRange(1, MAX_BLOCK), help="Block size [default: the model's].")
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Seed of the mask draws of the denoising stream.",
+)
 def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
     """Compute an importance matrix with the PyTorch reference on a text file, counting
     each routed expert's activations separately (llama.cpp's GGUF imatrix format)."""

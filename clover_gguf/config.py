@@ -20,6 +20,7 @@ from .constants import (
     MODEL_TYPE,
     dims,
 )
+from .limits import TOKEN_ID_KEYS, LimitError, check_config_values, check_token_id
 
 
 class ConfigError(ValueError):
@@ -72,6 +73,15 @@ class CloverConfig:
                 raise ConfigError(f"{source}: key '{key}' must be true or false, got {v!r}")
             vals[key] = v
         vals["torch_dtype"] = d.get("torch_dtype", "bfloat16")
+        ctx = d.get("max_position_embeddings")
+        try:
+            # the limits first: nothing below may size anything from an absurd value
+            check_config_values(
+                lambda lim: ctx if lim.config == "max_position_embeddings" else vals.get(lim.config),
+                lambda lim: f"key '{lim.config}'",
+            )
+        except LimitError as e:
+            raise ConfigError(f"{source}: {e}") from None
         cfg = cls(**vals)
         cfg.validate(source)
         return cfg
@@ -83,50 +93,29 @@ class CloverConfig:
             p = p / "config.json"
         if not p.exists():
             raise ConfigError(f"{p}: config file not found")
+        if not p.is_file():
+            raise ConfigError(f"{p}: not a regular file")
         try:
-            d = json.loads(p.read_text())
+            text = p.read_bytes().decode("utf-8")
+            d = json.loads(text)
+        except OSError as e:
+            raise ConfigError(f"{p}: cannot read ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start})") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{p}: not valid JSON ({e})") from None
+        except RecursionError:
+            raise ConfigError(f"{p}: not valid JSON (nested too deeply)") from None
         return cls.from_dict(d, source=str(p))
 
     def validate(self, source: str = "config.json") -> None:
-        pos = [
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "num_experts",
-            "num_experts_per_tok",
-            "moe_intermediate_size",
-            "shared_expert_intermediate_size",
-            "conv_kernel_size",
-            "block_size",
-        ]
-        for k in pos:
-            if getattr(self, k) <= 0:
-                raise ConfigError(f"{source}: key '{k}' must be positive, got {getattr(self, k)}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"{source}: key 'num_attention_heads' ({self.num_attention_heads}) must be "
-                f"divisible by 'num_key_value_heads' ({self.num_key_value_heads})"
-            )
-        if self.head_dim % 2:
-            raise ConfigError(f"{source}: key 'head_dim' must be even for RoPE, got {self.head_dim}")
-        if self.num_experts_per_tok > self.num_experts:
-            raise ConfigError(
-                f"{source}: key 'num_experts_per_tok' ({self.num_experts_per_tok}) exceeds "
-                f"'num_experts' ({self.num_experts})"
-            )
-        for k in ("mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id"):
-            v = getattr(self, k)
-            if not 0 <= v < self.vocab_size:
-                raise ConfigError(f"{source}: key '{k}' ({v}) is outside the vocabulary [0, {self.vocab_size})")
-        if self.rms_norm_eps <= 0:
-            raise ConfigError(f"{source}: key 'rms_norm_eps' must be positive")
-        if self.rope_theta <= 0:
-            raise ConfigError(f"{source}: key 'rope_theta' must be positive")
+        """The limits (limits.py) and the rules that tie the keys together."""
+        try:
+            check_config_values(lambda lim: getattr(self, lim.config or "", None), lambda lim: f"key '{lim.config}'")
+            for k in TOKEN_ID_KEYS:
+                check_token_id(f"key '{k}'", getattr(self, k), self.vocab_size)
+        except LimitError as e:
+            raise ConfigError(f"{source}: {e}") from None
         if self.tie_word_embeddings:
             raise ConfigError(f"{source}: key 'tie_word_embeddings' must be false for Clover")
 

@@ -37,6 +37,28 @@ class RunOutput:
         }
 
 
+def check_request(
+    prompt: str | None, ids: list[int] | None, n_vocab: int, n_ctx: int, max_new: int, block: int
+) -> None:
+    """The prompt is text (UTF-8) or ids of the vocabulary, and it and the new tokens, in
+    whole blocks, fit the model's context length."""
+    if prompt is not None:
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"-p: the prompt is not valid UTF-8 (byte {e.start})") from None
+    if ids is not None:
+        bad = [i for i in ids if not 0 <= i < n_vocab]
+        if bad:
+            raise ValueError(f"--prompt-ids: token {bad[0]} is not an id in [0, {n_vocab - 1}]")
+        need = len(ids) + -(-max_new // block) * block
+        if need > n_ctx:
+            raise ValueError(
+                f"-n {max_new}: the prompt ({len(ids)} tokens) and {max_new} new tokens in blocks of {block} need "
+                f"{need} positions, more than the model's context length ({n_ctx})"
+            )
+
+
 def _messages(prompt: str, system: str | None) -> list[dict]:
     msgs = [{"role": "system", "content": system}] if system else []
     return msgs + [{"role": "user", "content": prompt}]
@@ -71,8 +93,10 @@ def run(
         from .runtime.runtime import CloverRuntime
 
         rt = CloverRuntime(model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu)
+        check_request(prompt, None, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
         text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt
         ids = list(prompt_ids) if prompt_ids is not None else rt.tokenize(text)
+        check_request(None, ids, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
         cfg = GenerationConfig(
             max_new_tokens=max_new_tokens,
             block_size=block_size or rt.default_block_size,
@@ -99,6 +123,9 @@ def run(
         from .tokenizer import CloverTokenizer
 
         tok = CloverTokenizer.from_dir(model)
+    c = m.config
+    n_ctx = _context_length(model)
+    check_request(prompt, None, c.vocab_size, n_ctx, max_new_tokens, block_size or c.block_size)
     if prompt_ids is not None:
         ids = list(prompt_ids)
     elif tok is None:
@@ -106,7 +133,7 @@ def run(
     else:
         text = tok.apply_chat_template(_messages(prompt, system), enable_thinking=think) if chat else prompt
         ids = tok.encode(text)
-    c = m.config
+    check_request(None, ids, c.vocab_size, n_ctx, max_new_tokens, block_size or c.block_size)
     cfg = GenerationConfig(
         max_new_tokens=max_new_tokens,
         block_size=block_size or c.block_size,
@@ -122,6 +149,14 @@ def run(
     res = generate(TorchBackend(m), ids, cfg, on_block=on_block)
     completion = tok.decode(res.tokens) if tok is not None and prompt_ids is None else None
     return RunOutput(completion, ids, res, f"pytorch-{dtype}")
+
+
+def _context_length(model_dir: Path) -> int:
+    """config.json's max_position_embeddings (checked by CloverConfig), else what the converter writes."""
+    from .constants import DEFAULT_CONTEXT_LENGTH
+
+    d = json.loads((model_dir / "config.json").read_text())
+    return int(d.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
 
 
 def print_output(out: RunOutput, as_json: bool) -> None:

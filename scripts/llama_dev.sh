@@ -88,8 +88,11 @@ cmd_check() {
     tar -xzf "$SDIST" -C "$tmp"
     rm -rf "$tmp/$SDIST_NAME/.git" "$tmp/$SDIST_NAME/vendor/llama.cpp/.git"
     cd "$tmp/$SDIST_NAME/vendor/llama.cpp"
-    git apply --check "$PATCHES"/*.patch
-    git apply "$PATCHES"/*.patch
+    local p
+    for p in "$PATCHES"/*.patch; do   # one by one: a patch may change a file an earlier one creates
+        git apply --check "$p" || die "$(basename "$p") does not apply"
+        git apply "$p"
+    done
     echo "OK: $(ls "$PATCHES"/*.patch | wc -l) patches apply cleanly to a fresh unpack"
 }
 

@@ -7,3 +7,6 @@ bash scripts/setup.sh
 ruff check . && ruff format --check .   # lint + formatter (settings in pyproject.toml)
 clover-gguf runtime build
 python -m pytest -q "$@"
+# a bounded fuzz campaign on the runtime's and the Python side's GGUF loading (fails on a crash,
+# hang or unclean error; failing inputs land in out/fuzz-ci for tests/data/fuzz)
+python scripts/fuzz_gguf.py --iterations 300 --keep out/fuzz-ci

@@ -14,8 +14,13 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
+import signal
+import stat
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,6 +81,8 @@ def convert(
     tensor_types: ["REGEX=TYPE", ...] or [(regex, type)], first match wins;
     recipe: a name in recipes.RECIPES; imatrix: path to a llama.cpp GGUF imatrix.
     """
+    if threads is not None and threads < 1:
+        raise ConvertError(f"--threads {threads}: must be at least 1")
     model_dir = Path(model_dir)
     ck = _open_checkpoint(model_dir)
     rules = _type_rules(outtype, experts, tensor_types, recipe)
@@ -100,7 +107,7 @@ def convert(
 
     kv = metadata(plan, vocab, placeholder, im, name)
     t0 = time.perf_counter()
-    with temporary_output(out) as f, ShardReader(ck) as reader:
+    with temporary_output(out, force, result.notes) as f, ShardReader(ck) as reader:
         write_gguf(f, plan, kv, Pipeline(plan, reader, im, threads or default_threads(), progress))
     result.seconds = time.perf_counter() - t0
     result.bytes_in = plan.src_bytes
@@ -132,7 +139,7 @@ def _load_imatrix(path):
 
     try:
         return load_imatrix(path)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # gguf-py raises whatever a damaged file leads to
         raise ConvertError(f"{path}: cannot read the imatrix ({e})") from None
 
 
@@ -145,35 +152,138 @@ def _input_files(model_dir: Path, ck: Checkpoint) -> set[Path]:
 def _check_output(out: Path, inputs: set[Path], force: bool, need: int) -> None:
     if out.resolve() in inputs:
         raise ConvertError(f"{out}: refusing to overwrite an input file")
-    if out.is_dir():
-        raise ConvertError(f"{out}: is a directory")
-    if not out.parent.exists():
+    if not out.parent.is_dir():
         raise ConvertError(f"{out.parent}: output folder does not exist")
-    if out.exists() and not force:
-        raise ConvertError(f"{out}: exists (use --force to overwrite)")
+    _check_replaceable(out, force)
     free = shutil.disk_usage(out.parent).free
     if free < need + (16 << 20):
         raise ConvertError(f"{out.parent}: not enough disk space ({fmt_bytes(free)} free, {fmt_bytes(need)} needed)")
 
 
+def _check_replaceable(out: Path, force: bool) -> None:
+    """Nothing at ``out``, or (with force) a regular file: never a device, folder, link, ..."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise ConvertError(f"{out}: is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise ConvertError(f"{out}: exists and is {kind}; --force replaces regular files only")
+    if not force:
+        raise ConvertError(f"{out}: exists (use --force to overwrite)")
+
+
 # ---- write ------------------------------------------------------------------------------
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP during a conversion: unwinds like Ctrl-C so that the output is cleaned up."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
 @contextmanager
-def temporary_output(out: Path) -> Iterator:
-    """A file open for writing under a temporary name in ``out``'s folder, renamed to
-    ``out`` when the block completes and removed when it fails or is interrupted."""
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    f = open(tmp, "wb")
+def _signals_for_writing():
+    """In the main thread: SIGTERM/SIGHUP raise Terminated, and SIGXFSZ is ignored so that a
+    file size limit surfaces as a write error (EFBIG) instead of killing the process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = {signal.SIGTERM: _raise_terminated, signal.SIGHUP: _raise_terminated, signal.SIGXFSZ: signal.SIG_IGN}
+    old = {sig: signal.signal(sig, h) for sig, h in wanted.items()}
     try:
-        yield f
-        f.flush()
-        os.fsync(f.fileno())
-        f.close()
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _lock_temporary(tmp: Path, out: Path, notes: list[str]) -> int:
+    """Open ``tmp`` exclusively locked (flock; the kernel releases it when a process dies, so a
+    killed conversion never blocks the next one) and empty; names a stale one it clears."""
+    for _ in range(100):
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConvertError(
+                f"{out}: another conversion is writing it (its temporary file {tmp} is locked)"
+            ) from None
+        st = os.fstat(fd)
+        try:
+            same = os.stat(tmp).st_ino == st.st_ino
+        except FileNotFoundError:
+            same = False
+        if not same or st.st_nlink > 1:
+            # published (or being published) by another run after we opened it: start over
+            if same:
+                tmp.unlink(missing_ok=True)
+            os.close(fd)
+            continue
+        if st.st_size:
+            notes.append(f"removed {tmp}, a temporary file ({fmt_bytes(st.st_size)}) left by an interrupted conversion")
+            os.ftruncate(fd, 0)
+        return fd
+    raise ConvertError(f"{out}: could not lock {tmp}")
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    """Give the finished temporary file the final name: with force, replacing a regular file;
+    without, only if the name is still free (a hard link fails when it exists, so of two
+    conversions to the same path one wins whole and the other fails cleanly)."""
+    if force:
+        _check_replaceable(out, True)
         os.replace(tmp, out)
+        return
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise ConvertError(
+            f"{out}: created by another process during this conversion; not replaced (use --force to overwrite)"
+        ) from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        _check_replaceable(out, False)  # no hard links on this filesystem: check, then rename
+        os.replace(tmp, out)
+        return
+    os.unlink(tmp)
+
+
+@contextmanager
+def temporary_output(out: Path, force: bool = False, notes: list[str] | None = None) -> Iterator:
+    """A file open for writing under a temporary name in ``out``'s folder (locked: one
+    conversion per output at a time), published as ``out`` when the block completes and
+    removed when it fails or is interrupted (SIGTERM included). A SIGKILL leaves only the
+    temporary file, which the next conversion to ``out`` removes and names in ``notes``."""
+    tmp = out.with_name(f".{out.name}.convert.tmp")
+    try:
+        fd = _lock_temporary(tmp, out, notes if notes is not None else [])
+    except OSError as e:
+        raise ConvertError(f"{out}: cannot create a temporary file in its folder ({e.strerror or e})") from None
+    f = os.fdopen(fd, "wb")
+    try:
+        with _signals_for_writing():
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+            _publish(tmp, out, force)
+        f.close()  # releases the lock, after the publish
     except BaseException as exc:
-        f.close()
         tmp.unlink(missing_ok=True)
+        try:
+            f.close()
+        except OSError:
+            pass
         if isinstance(exc, TensorError):
             exc.output = out
             raise

@@ -70,9 +70,9 @@ def load_imatrix(path) -> Imatrix:
         magic = f.read(4)
     if magic != b"GGUF":
         return _load_legacy(path)
-    from gguf import GGUFReader
+    from ..gguf_io.reader import open_gguf
 
-    r = GGUFReader(path)
+    r = open_gguf(path)
     im = Imatrix(path)
     f = r.fields.get(Keys.IMATRIX_DATASETS)
     if f is not None:

@@ -143,14 +143,41 @@ def prepare(entry: PlanEntry, piece: Piece, reader: ShardReader, r0: int, r1: in
     elif entry.transform == "conv":
         t = t.reshape(-1, entry.shape[-1])
     if entry.transform is None:
+        # bits copied unchanged: the check above was enough
         if entry.qtype == Q.BF16 and t.dtype == torch.bfloat16:
             return "raw", t.contiguous().view(torch.int16).numpy().view(np.uint8)
         if entry.qtype == Q.F32 and t.dtype == torch.float32:
             return "raw", t.contiguous().numpy().view(np.uint8)
         if entry.qtype == Q.F16 and t.dtype == torch.float16:
             return "raw", t.contiguous().numpy().view(np.uint8)
-    x = t.float().contiguous().numpy()
-    return "f32", x.reshape(-1, entry.n_per_row)
+    x = t.float().contiguous().numpy().reshape(-1, entry.n_per_row)
+    _check_range(entry, piece, reader, x, r0)
+    return "f32", x
+
+
+# Largest magnitude each target type stores finitely: F16 itself, and the F16 scales of the
+# block formats (a block's scale is about its largest |x| over a small integer); BF16's max.
+_MAX_ABS = {Q.F32: float(np.finfo(np.float32).max), Q.BF16: float(torch.finfo(torch.bfloat16).max)}
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+def _check_range(entry: PlanEntry, piece: Piece, reader: ShardReader, x: np.ndarray, r0: int) -> None:
+    """What gets quantized is finite (after the a_log transform, or an F64 -> F32 cast) and
+    within what the target type can store."""
+    lim = _MAX_ABS.get(entry.qtype, _F16_MAX)
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.abs(x) <= lim)  # NaN compares False: bad too
+    if not bad.any():
+        return
+    i = int(np.argmax(bad.reshape(-1)))
+    v = float(x.reshape(-1)[i])
+    row, col = i // entry.n_per_row, i % entry.n_per_row
+    where = f"{reader.ck.shard_of(piece.hf)}: tensor {piece.hf}"
+    if entry.transform or not np.isfinite(v):
+        what = f"becomes {v:g} in {entry.name}" + (" (stored as -exp(A_log))" if entry.transform == "a_log" else "")
+    else:
+        what = f"has {v:g}, more than type {quants.type_name(entry.qtype)} of {entry.name} stores (|x| <= {lim:g})"
+    raise ConvertError(f"{where} {what} at row {r0 + row}, column {col}; no output written")
 
 
 def chunks(entry: PlanEntry, reader: ShardReader):

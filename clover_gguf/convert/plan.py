@@ -215,6 +215,12 @@ def build_plan(ck: Checkpoint, rules: TypeRules, imatrix=None, backend: str = "a
         except quants.QuantBackendError as exc:
             raise ConvertError(str(exc)) from None
         entries.append(e)
+    unused = rules.unused_overrides(e.why for e in entries)
+    if unused:
+        raise ConvertError(
+            f"--tensor-type {unused[0]!r} matches no tensor whose type it can set "
+            "(1-D tensors, conv1d and mem_key stay F32; the first matching override wins)"
+        )
     return Plan(ck.config, ck.layout, rules, entries, ck.dir)
 
 

@@ -101,8 +101,9 @@ def parse_tensor_type(spec: str) -> tuple[str, str]:
 class TypeRules:
     outtype: str
     experts: str
-    tensor_types: list[tuple[str, str]]
+    tensor_types: list[tuple[str, str]]  # the user's (n_user first), then the recipe's
     recipe: str | None
+    n_user: int = 0
 
     @classmethod
     def make(
@@ -120,9 +121,20 @@ class TypeRules:
         tts = []
         for tt in tensor_types or []:
             tts.append(parse_tensor_type(tt) if isinstance(tt, str) else parse_tensor_type(f"{tt[0]}={tt[1]}"))
+        n_user = len(tts)
         if r:
             tts += list(r.tensor_types)
-        return cls(out, exp, tts, recipe)
+        return cls(out, exp, tts, recipe, n_user)
+
+    @staticmethod
+    def why_override(pat: str, typ: str) -> str:
+        return f"--tensor-type {pat}={typ}"
+
+    def unused_overrides(self, reasons) -> list[str]:
+        """The user's REGEX=TYPE that decided no tensor's type (matched none, or only tensors
+        that stay F32, or only tensors an earlier override took)."""
+        used = set(reasons)
+        return [f"{p}={t}" for p, t in self.tensor_types[: self.n_user] if self.why_override(p, t) not in used]
 
     def describe(self) -> str:
         s = f"recipe={self.recipe or 'custom'} outtype={self.outtype} experts={self.experts}"
@@ -138,7 +150,7 @@ class TypeRules:
             return GGMLQuantizationType.F32, "runtime needs F32"
         for pat, typ in self.tensor_types:
             if re.search(pat, gguf_name):
-                return quants.parse_type(typ), f"--tensor-type {pat}={typ}"
+                return quants.parse_type(typ), self.why_override(pat, typ)
         g = tensor_group(gguf_name)
         if g in F32_GROUPS:
             return GGMLQuantizationType.F32, g

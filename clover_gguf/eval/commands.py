@@ -3,25 +3,65 @@ call one library function). Registered in clover_gguf/cli.py."""
 
 from __future__ import annotations
 
+import functools
+import math
 from pathlib import Path
 
 import click
 
+POS = click.IntRange(min=1)
+THREADS = click.IntRange(1, 1024)
+BLOCK = click.IntRange(1, 1024)  # limits.py: diffusion.block_size
+UNIT = click.FloatRange(0.0, 1.0)  # NaN is refused by _finite
+
+
+def _finite(ctx, param, value):
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
+    return value
+
 
 def _ratios(s: str) -> tuple[float, ...]:
     try:
-        return tuple(float(x) for x in s.split(",") if x.strip())
+        r = tuple(float(x) for x in s.split(",") if x.strip())
     except ValueError:
-        raise click.BadParameter(f"{s!r}: comma-separated floats expected") from None
+        raise click.BadParameter(f"--ratios {s!r}: comma-separated numbers expected") from None
+    if not r or any(not (math.isfinite(x) and 0 < x <= 1) for x in r):
+        raise click.BadParameter(f"--ratios {s!r}: every mask ratio must be in (0, 1]")
+    return r
 
 
 def _top_k(s):
     if str(s) == "auto":
         return "auto"
     try:
-        return int(s)
+        k = int(s)
     except ValueError:
         raise click.BadParameter(f"--top-k {s!r}: a number or auto") from None
+    if k < 1:
+        raise click.BadParameter(f"--top-k {s}: must be at least 1 (or auto)")
+    return k
+
+
+def one_line_errors(f):
+    """What the library refuses (a bad corpus, GGUF, reference, option value) is one line."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        from ..convert import ConvertError
+        from ..runtime.bindings import RuntimeNotBuilt
+        from ..runtime.runtime import RuntimeError_
+        from .corpus import EvalCorpusError
+        from .quality import QualityError
+
+        try:
+            return f(*args, **kwargs)
+        except (QualityError, EvalCorpusError, ConvertError, RuntimeError_, RuntimeNotBuilt, ValueError) as e:
+            raise click.ClickException(str(e)) from None
+        except OSError as e:
+            raise click.ClickException(f"{e.filename}: {e.strerror}" if e.filename else str(e)) from None
+
+    return wrapper
 
 
 def _sampling(corpus, n_windows, n_blocks, block_size, ratios, seed, top_k):
@@ -48,13 +88,15 @@ def _sample_options(f):
             help='Text files or JSONL ({"text": ...} per line); default: the held-out stdlib '
             "modules (evaldata/heldout-stdlib.json).",
         ),
-        click.option("--windows", "n_windows", default=6, show_default=True, help="Windows sampled from the corpus."),
         click.option(
-            "--blocks", "n_blocks", default=64, show_default=True, help="Blocks per window (max history + 1)."
+            "--windows", "n_windows", default=6, show_default=True, type=POS, help="Windows sampled from the corpus."
         ),
-        click.option("--block-size", type=int, default=None, help="Block size (default: the model's)."),
+        click.option(
+            "--blocks", "n_blocks", default=64, show_default=True, type=POS, help="Blocks per window (max history + 1)."
+        ),
+        click.option("--block-size", type=BLOCK, default=None, help="Block size (default: the model's)."),
         click.option("--ratios", default="0.15,0.5,0.85,1.0", show_default=True, help="Mask ratios."),
-        click.option("--seed", default=1234, show_default=True),
+        click.option("--seed", default=1234, show_default=True, type=click.IntRange(0, 2**32 - 1)),
         click.option(
             "--top-k",
             default="auto",
@@ -62,7 +104,7 @@ def _sample_options(f):
             help="Reference logits kept per position: a number, or auto (smallest of 256/512/1024/2048 "
             "leaving a mean tail mass <= 1e-3 on the first window).",
         ),
-        click.option("--threads", type=int, default=None, help="Torch / llama.cpp threads (default: all cores)."),
+        click.option("--threads", type=THREADS, default=None, help="Torch / llama.cpp threads (default: all cores)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -97,14 +139,15 @@ def eval_group():
     default=None,
     help="Prompt set (JSONL) for the generation agreement (default evaldata/prompts/clover-tiny-code.jsonl).",
 )
-@click.option("--n-prompts", type=int, default=None, help="Use the first N prompts of the prompt set.")
-@click.option("--max-new-tokens", default=64, show_default=True)
-@click.option("--steps", "gen_steps", type=int, default=None, help="steps schedule (default block_size/2).")
-@click.option("--threshold", "gen_threshold", default=0.9, show_default=True)
+@click.option("--n-prompts", type=POS, default=None, help="Use the first N prompts of the prompt set.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 20))
+@click.option("--steps", "gen_steps", type=BLOCK, default=None, help="steps schedule (default block_size/2).")
+@click.option("--threshold", "gen_threshold", default=0.9, show_default=True, type=UNIT, callback=_finite)
 @click.option("--no-generation", is_flag=True, help="Skip the generation agreement.")
-@click.option("--runtime-threads", type=int, default=None, help="llama.cpp threads (default --threads).")
+@click.option("--runtime-threads", type=THREADS, default=None, help="llama.cpp threads (default --threads).")
 @click.option("--name", "names", multiple=True, help="Display name per GGUF, in order.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/quality", show_default=True)
+@one_line_errors
 def quality_cmd(
     reference,
     ggufs,
@@ -160,8 +203,8 @@ def quality_cmd(
     default=None,
     help="BF16 model dir: adds the PyTorch reference row (the speedup baseline) and the prompt text.",
 )
-@click.option("--runs", default=5, show_default=True, help="Recorded runs per figure (median, p10, p90).")
-@click.option("--warmup", default=1, show_default=True, help="Unrecorded runs before them.")
+@click.option("--runs", default=5, show_default=True, type=POS, help="Recorded runs per figure (median, p10, p90).")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Unrecorded runs before them.")
 @click.option(
     "--backend",
     "backends",
@@ -170,24 +213,30 @@ def quality_cmd(
     default=("auto",),
     show_default=True,
 )
-@click.option("--block-size", default=16, show_default=True)
-@click.option("--steps", type=int, default=None, help="steps schedule (default: threshold schedule).")
-@click.option("--threshold", default=0.9, show_default=True)
-@click.option("--prompt-len", default=64, show_default=True)
-@click.option("--max-new-tokens", default=64, show_default=True)
+@click.option("--block-size", default=16, show_default=True, type=BLOCK)
+@click.option("--steps", type=BLOCK, default=None, help="steps schedule (default: threshold schedule).")
+@click.option("--threshold", default=0.9, show_default=True, type=UNIT, callback=_finite)
+@click.option("--prompt-len", default=64, show_default=True, type=click.IntRange(1, 1 << 20))
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 20))
 @click.option(
     "--sweep",
     "sweeps",
     multiple=True,
     help="PARAM=V1,V2,... over block_size, threshold, steps, prompt_len, max_new_tokens (one at a time).",
 )
-@click.option("--threads", type=int, default=None)
-@click.option("--runtime-threads", type=int, default=None, help="llama.cpp threads (default --threads).")
+@click.option("--threads", type=THREADS, default=None)
+@click.option("--runtime-threads", type=THREADS, default=None, help="llama.cpp threads (default --threads).")
 @click.option(
-    "--n-gpu-layers", "n_gpu_layers", default=0, show_default=True, help="llama.cpp layers offloaded to the GPU."
+    "--n-gpu-layers",
+    "n_gpu_layers",
+    default=0,
+    show_default=True,
+    type=click.IntRange(-1, 1024),
+    help="llama.cpp layers offloaded to the GPU.",
 )
 @click.option("--name", "names", multiple=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/speed", show_default=True)
+@one_line_errors
 def speed_cmd(
     ggufs,
     reference,
@@ -303,6 +352,7 @@ def passes_cmd(layers, threads, heads, rounds, n_gpu_layers, work, out_dir):
 @_sample_options
 @click.option("--keep", is_flag=True, help="Keep the per-group GGUFs.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/sensitivity", show_default=True)
+@one_line_errors
 def sensitivity_cmd(
     reference, qtype, base, groups, corpus, n_windows, n_blocks, block_size, ratios, seed, top_k, threads, keep, out_dir
 ):
@@ -336,14 +386,20 @@ def sensitivity_cmd(
     show_default=True,
     help="Where the GGUFs and the reference-logit cache go (not committed).",
 )
-@click.option("--windows", "n_windows", default=6, show_default=True)
-@click.option("--blocks", "n_blocks", default=64, show_default=True)
-@click.option("--runs", default=5, show_default=True)
+@click.option("--windows", "n_windows", default=6, show_default=True, type=POS)
+@click.option("--blocks", "n_blocks", default=64, show_default=True, type=POS)
+@click.option("--runs", default=5, show_default=True, type=POS)
 @click.option("--sweep", "sweeps", multiple=True, default=("block_size=8,16,32,64",), show_default=True)
-@click.option("--n-prompts", type=int, default=None, help="Use the first N prompts of the prompt set.")
-@click.option("--max-new-tokens", default=64, show_default=True, help="Generation length (quality and speed).")
+@click.option("--n-prompts", type=POS, default=None, help="Use the first N prompts of the prompt set.")
+@click.option(
+    "--max-new-tokens",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1, 1 << 20),
+    help="Generation length (quality and speed).",
+)
 @click.option("--sens-type", default="q4_k", show_default=True)
-@click.option("--sens-windows", type=int, default=None, help="Windows for the sensitivity run (default: --windows).")
+@click.option("--sens-windows", type=POS, default=None, help="Windows for the sensitivity run (default: --windows).")
 @click.option("--no-speed", is_flag=True)
 @click.option("--no-sensitivity", is_flag=True)
 @click.option(
@@ -365,14 +421,15 @@ def sensitivity_cmd(
     show_default=True,
     help="Also sweep the PyTorch reference row (slow on CPU).",
 )
-@click.option("--threads", type=int, default=None)
+@click.option("--threads", type=THREADS, default=None)
 @click.option(
     "--runtime-threads",
-    type=int,
+    type=THREADS,
     default=None,
     help="llama.cpp threads (default --threads); 1 on an oversubscribed machine, where ggml's spinning "
     "thread pool stalls.",
 )
+@one_line_errors
 def baseline_cmd(
     reference,
     out_dir,
@@ -490,6 +547,7 @@ def agent_cmd(
     default=None,
     help="Output folder (default: the JSON's folder).",
 )
+@one_line_errors
 def report_command(run_json, out_dir):
     """Render a saved eval JSON (quality, speed, sensitivity or bundle) to Markdown + PNG."""
     from .report import render

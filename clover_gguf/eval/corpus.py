@@ -48,6 +48,13 @@ class Document:
     nbytes: int = 0
 
 
+def _read_utf8(p: Path) -> str:
+    try:
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise EvalCorpusError(f"{p}: not UTF-8 text (byte {e.start})") from None
+
+
 def read_texts(paths) -> list[tuple[str, str]]:
     """(name, text) per document: a text file is one document; a ``.jsonl`` file gives one
     document per line, the line's ``"text"`` field (or the line itself if it is a string)."""
@@ -56,7 +63,7 @@ def read_texts(paths) -> list[tuple[str, str]]:
         if not p.is_file():
             raise EvalCorpusError(f"corpus file not found: {p}")
         if p.suffix == ".jsonl":
-            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
+            for i, line in enumerate(_read_utf8(p).splitlines()):
                 if not line.strip():
                     continue
                 try:
@@ -68,7 +75,7 @@ def read_texts(paths) -> list[tuple[str, str]]:
                     raise EvalCorpusError(f'{p}:{i + 1}: expected a string or an object with a "text" string')
                 out.append((f"{p.name}:{i + 1}", text))
         else:
-            out.append((p.name if p.is_absolute() else str(p), p.read_text(encoding="utf-8")))
+            out.append((p.name if p.is_absolute() else str(p), _read_utf8(p)))
     return out
 
 
@@ -167,7 +174,10 @@ def _choose_windows(docs: list[Document], B: int, n_windows: int, n_blocks: int,
     lens = np.array([len(d.tokens) // B * B for d in docs])
     ok = np.nonzero(lens >= 2 * B)[0]
     if ok.size == 0:
-        raise EvalCorpusError(f"no document holds two blocks of {B} tokens")
+        raise EvalCorpusError(
+            f"the corpus ({len(docs)} documents, {int(sum(len(d.tokens) for d in docs))} tokens) has no document "
+            f"of two blocks of {B} tokens"
+        )
     out, used = [], set()
     weight = np.maximum(lens[ok] - W, 0) // B + 1
     for _ in range(n_windows):

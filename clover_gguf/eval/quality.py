@@ -20,7 +20,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,7 @@ from .corpus import (
 from .metrics import CompactLogits, agreement, compact, kl_full, position_metrics, summarize
 from .sysinfo import environment, gguf_file_info
 
+MAX_BLOCK = 1024  # limits.py: diffusion.block_size
 DEFAULT_PROMPTS = EVALDATA / "prompts" / "clover-tiny-code.jsonl"
 DEFAULT_TOP_K = "auto"
 SCHEMA = "clover-gguf-eval/1"
@@ -165,20 +168,39 @@ def summaries(pm: dict[str, np.ndarray], samples: SampleSet) -> dict:
 # ---- generation -------------------------------------------------------------------------
 
 
-def load_prompts(path, tokenizer=None, limit: int | None = None) -> list[dict]:
+def load_prompts(path, tokenizer=None, limit: int | None = None, vocab_size: int | None = None) -> list[dict]:
     """JSONL: {"id", "text"} (needs the tokenizer) or {"id", "ids": [...]} per line."""
     out = []
-    for i, line in enumerate(Path(path).read_text().splitlines()):
+    try:
+        lines = Path(path).read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise QualityError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    for i, line in enumerate(lines):
         if not line.strip():
             continue
-        o = json.loads(line)
+        where = f"{path}:{i + 1}"
+        try:
+            o = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise QualityError(f"{where}: not JSON ({e})") from None
+        if not isinstance(o, dict):
+            raise QualityError(f'{where}: expected an object with "ids" or "text"')
         if "ids" in o:
-            ids = [int(x) for x in o["ids"]]
+            ids = o["ids"]
+            if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+                raise QualityError(f'{where}: "ids" must be a list of integers')
+            bad = [x for x in ids if vocab_size is not None and not 0 <= x < vocab_size]
+            if bad:
+                raise QualityError(f"{where}: token {bad[0]} is not an id in [0, {vocab_size - 1}]")
+        elif not isinstance(o.get("text"), str):
+            raise QualityError(f'{where}: expected "ids" or a "text" string')
         elif tokenizer is not None:
             ids = tokenizer.encode(o["text"])
         else:
-            raise QualityError(f"{path}:{i + 1}: a text prompt needs a tokenizer (none in the model dir)")
+            raise QualityError(f"{where}: a text prompt needs a tokenizer (none in the model dir)")
         out.append({"id": o.get("id", str(i)), "ids": ids})
+    if not out:
+        raise QualityError(f"{path}: no prompts")
     return out[:limit] if limit else out
 
 
@@ -231,6 +253,18 @@ class Sampling:
     seed: int = DEFAULT_SEED
     top_k: int | str = DEFAULT_TOP_K
 
+    def validate(self) -> None:
+        for name, lo in (("n_windows", 1), ("n_blocks", 1), ("seed", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise QualityError(f"{name} {v!r}: must be an integer >= {lo}")
+        if self.block_size is not None and not 1 <= self.block_size <= MAX_BLOCK:
+            raise QualityError(f"block_size {self.block_size}: must be an integer in [1, {MAX_BLOCK}]")
+        if not self.ratios or any(not (math.isfinite(r) and 0 < r <= 1) for r in self.ratios):
+            raise QualityError(f"ratios {list(self.ratios)}: every mask ratio must be in (0, 1]")
+        if self.top_k != "auto" and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
+            raise QualityError(f"top_k {self.top_k!r}: must be an integer >= 1 or 'auto'")
+
     def build(self, B: int, mask_token_id: int, tokenizer) -> SampleSet:
         if self.docs is None:
             docs, cinfo = load_corpus(self.corpus, tokenizer)
@@ -266,6 +300,21 @@ class Generation:
     steps: int | None = None  # None: block_size / 2
     threshold: float = 0.9
     providers: tuple[str, ...] | None = None  # providers that generate; None: all
+
+    def load_prompts(self, tokenizer, vocab_size: int) -> list[dict]:
+        if not self.enabled:
+            return []
+        return load_prompts(
+            Path(self.prompts) if self.prompts else DEFAULT_PROMPTS, tokenizer, self.n_prompts, vocab_size
+        )
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1 or (self.n_prompts is not None and self.n_prompts < 1):
+            raise QualityError("max_new_tokens and n_prompts must be >= 1")
+        if self.steps is not None and not 1 <= self.steps <= MAX_BLOCK:
+            raise QualityError(f"steps {self.steps}: must be an integer in [1, {MAX_BLOCK}]")
+        if not (math.isfinite(self.threshold) and 0 <= self.threshold <= 1):
+            raise QualityError(f"threshold {self.threshold}: must be a finite number in [0, 1]")
 
 
 # ---- provider selection -------------------------------------------------------------------
@@ -371,7 +420,7 @@ class ReferenceLogits:
 class GenerationAgreement:
     """The reference's tokens for the prompt set, generated once; each provider's agreement."""
 
-    def __init__(self, opts: Generation, ref_model, B: int, tokenizer):
+    def __init__(self, opts: Generation, ref_model, B: int, prompts: list[dict]):
         cfg = ref_model.config
         self.opts = opts
         self.cfg = {
@@ -382,11 +431,8 @@ class GenerationAgreement:
             "temperature": 0.0,
         }
         self.schedules = schedules(B, opts.steps, opts.threshold)
-        self.prompts, self.reference = [], {}
+        self.prompts, self.reference = prompts, {}
         if opts.enabled:
-            self.prompts = load_prompts(
-                Path(opts.prompts) if opts.prompts else DEFAULT_PROMPTS, tokenizer, opts.n_prompts
-            )
             self.reference = run_generation(_gen_backend_torch(ref_model), self.prompts, self.cfg, self.schedules)
 
     def wanted(self, provider: str) -> bool:
@@ -494,6 +540,69 @@ class QualityRun:
         return path
 
 
+_SAME_CONFIG = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "conv_kernel_size",
+    "mask_token_id",
+    "eos_token_id",
+)
+
+
+def tokens_sha256(tokens) -> str:
+    h = hashlib.sha256()
+    for t in tokens:
+        b = t if isinstance(t, bytes) else t.encode("utf-8")
+        h.update(len(b).to_bytes(4, "little") + b)
+    return h.hexdigest()
+
+
+def check_matches_reference(gguf: Path, reference: Path, cfg) -> None:
+    """The GGUF is a conversion of the reference: architecture, shapes and special ids of the
+    config, every tensor's shape, and the tokenizer's token strings (by hash). Raises
+    QualityError naming the first difference."""
+    from ..convert.metadata import load_vocab
+    from ..gguf_io.reader import config_from_reader, gguf_shapes, open_gguf, shown_name, token_strings
+
+    def differs(what: str):
+        return QualityError(f"{gguf}: does not match the reference {reference}: {what}")
+
+    r = open_gguf(gguf)
+    q = config_from_reader(r, gguf)  # also every check the runtime makes (GGUFReadError)
+    for key in _SAME_CONFIG:
+        a, b = getattr(q, key), getattr(cfg, key)
+        if a != b:
+            raise differs(f"{key} is {a}, the reference's is {b}")
+    want = gguf_shapes(cfg)
+    for t in r.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        if want.get(t.name) != shape:
+            raise differs(
+                f"tensor {shown_name(t.name.encode())} has shape {list(shape)}, the reference's is {list(want.get(t.name, ()))}"
+            )
+    try:
+        vocab, _ = load_vocab(reference, cfg)
+    except Exception as e:  # the converter's own error (ConvertError): the reference's tokenizer is broken
+        raise QualityError(f"{reference}: {e}") from None
+    got, ref = token_strings(r), vocab.tokens
+    if tokens_sha256(got) != tokens_sha256(ref):
+        i = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b.encode("utf-8")), min(len(got), len(ref)))
+        a = got[i].decode("utf-8", "replace") if i < len(got) else None
+        b = ref[i] if i < len(ref) else None
+        raise differs(
+            f"tokenizer token strings differ (sha256 {tokens_sha256(got)[:12]} vs {tokens_sha256(ref)[:12]}; "
+            f"first at token {i}: {a!r} vs {b!r})"
+        )
+
+
 def _tokenizer(model_dir: Path):
     if not (model_dir / "tokenizer.json").is_file():
         return None
@@ -519,6 +628,10 @@ def run_quality(
     under ``out_dir`` (when given). See the module docstring."""
     t_start = time.perf_counter()
     sampling, generation = sampling or Sampling(), generation or Generation()
+    sampling.validate()
+    generation.validate()
+    if threads is not None and threads < 1:
+        raise QualityError(f"threads {threads}: must be at least 1")
     threads = threads or default_threads()
     torch.set_num_threads(threads)
     reference, ggufs = Path(reference), [Path(g) for g in ggufs]
@@ -533,8 +646,11 @@ def run_quality(
     log(f"loading reference {reference}")
     ref_model, t_load = bk.timed(bk.load_reference, reference)
     cfg = ref_model.config
+    for g in ggufs:  # before any scoring: a GGUF of another model would score nonsense
+        check_matches_reference(g, reference, cfg)
     B = int(sampling.block_size or cfg.block_size)
     tokenizer = _tokenizer(reference)
+    prompts = generation.load_prompts(tokenizer, cfg.vocab_size)
     samples = sampling.build(B, cfg.mask_token_id, tokenizer)
     log(
         f"samples: {len(samples.windows)} windows x <= {sampling.n_blocks} blocks of {B}, ratios "
@@ -558,7 +674,7 @@ def run_quality(
         notes,
         log,
     )
-    gen = GenerationAgreement(generation, ref_model, B, tokenizer)
+    gen = GenerationAgreement(generation, ref_model, B, prompts)
     rt_threads = runtime_threads or threads
     models = [
         score_gguf(g, names[i] if names and i < len(names) else None, provs, samples, ref, gen, rt_threads, log)

@@ -23,9 +23,9 @@ DEFAULT_QTYPE = "q4_k"
 
 def group_bytes(gguf_info: dict, path, group: str) -> tuple[int, int]:
     """(bytes, n tensors) of a group's tensors in a GGUF."""
-    from gguf import GGUFReader
+    from ..gguf_io.reader import open_gguf
 
-    r = GGUFReader(str(path))
+    r = open_gguf(path)
     pat = re.compile(TENSOR_GROUPS[group])
     n, b = 0, 0
     for t in r.tensors:

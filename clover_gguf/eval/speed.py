@@ -36,6 +36,13 @@ from ..util import REPO_ROOT
 from .metrics import spread
 
 SWEEP_PARAMS = ("block_size", "threshold", "steps", "prompt_len", "max_new_tokens")
+SWEEP_RANGES = {
+    "block_size": (1, 1024),
+    "threshold": (0.0, 1.0),
+    "steps": (1, 1024),
+    "prompt_len": (1, 1 << 20),
+    "max_new_tokens": (1, 1 << 20),
+}
 DEFAULT_BASE = {"block_size": 16, "steps": None, "threshold": DEFAULT_THRESHOLD, "prompt_len": 64, "max_new_tokens": 64}
 
 
@@ -50,7 +57,14 @@ def parse_sweep(specs) -> dict[str, list]:
         if k not in SWEEP_PARAMS:
             raise ValueError(f"--sweep {k!r}: one of {', '.join(SWEEP_PARAMS)}")
         conv = float if k == "threshold" else int
-        out[k] = [conv(x) for x in v.split(",") if x.strip()]
+        lo, hi = SWEEP_RANGES[k]
+        try:
+            vals = [conv(x) for x in v.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--sweep {s!r}: {'numbers' if conv is float else 'integers'} expected") from None
+        if not vals or any(not (lo <= x <= hi) for x in vals):  # NaN fails too
+            raise ValueError(f"--sweep {s!r}: every {k} must be in [{lo}, {hi}]")
+        out[k] = vals
     return out
 
 

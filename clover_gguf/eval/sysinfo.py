@@ -172,13 +172,12 @@ def environment(threads: int | None = None) -> dict:
 
 def gguf_file_info(path) -> dict:
     """Size, sha256, tensor types by group, bpw and the converter's recipe key of a GGUF."""
-    from gguf import GGUFReader
-
     from ..constants import Keys, tensor_group
+    from ..gguf_io.reader import open_gguf
     from ..util import sha256_file
 
     path = Path(path)
-    r = GGUFReader(str(path))
+    r = open_gguf(path)
     by_group: dict[str, dict[str, int]] = {}
     n_params, tensor_bytes = 0, 0
     for t in r.tensors:

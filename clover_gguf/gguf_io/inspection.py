@@ -64,14 +64,25 @@ def _short(v, limit=80):
 
 
 def inspect_gguf(path) -> Inspection:
-    from gguf import GGUFReader
+    from .reader import GGUFReadError, open_gguf
 
-    r = GGUFReader(path)
-    md = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    tensors = [
-        (t.name, tuple(int(s) for s in reversed(t.shape.tolist())), t.tensor_type.name.lower(), int(t.n_bytes))
-        for t in r.tensors
-    ]
+    r = open_gguf(path)
+    md = {}
+    for k, f in r.fields.items():
+        if not k.startswith("GGUF."):
+            try:
+                md[k] = f.contents()
+            except Exception:  # a value gguf-py cannot decode (e.g. a string that is not UTF-8)
+                md[k] = "<undecodable " + "/".join(t.name.lower() for t in f.types) + ">"
+    try:
+        tensors = [
+            (t.name, tuple(int(s) for s in reversed(t.shape.tolist())), t.tensor_type.name.lower(), int(t.n_bytes))
+            for t in r.tensors
+        ]
+    except Exception as e:
+        raise GGUFReadError(
+            f"{path}: not a valid GGUF file ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
+        ) from None
     return Inspection(Path(path), "gguf", md, tensors, _group(tensors))
 
 

@@ -8,87 +8,284 @@ This is what the eval uses to run the PyTorch reference on the quantized weights
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
+from gguf.gguf_reader import ReaderField
 
 from ..config import CloverConfig
 from ..constants import (
     ARCH,
+    EXPERT_GATING_FUNC_SOFTMAX,
     EXPERT_PROJS,
     GGUF_EXPERT_NAME,
     HF_EXPERT_FUSED_DOWN,
     HF_EXPERT_FUSED_GATE_UP,
     HF_EXPERT_PER,
+    TOKENIZER_MODEL_NAME,
     Keys,
     gguf_to_hf_name,
+    hf_to_gguf_name,
     spec_for_hf,
 )
 from ..convert import quants
+from ..limits import BY_GGUF, LIMITS, LimitError, check_config_values, check_token_id, fmt_value
 
 
 class GGUFReadError(ValueError):
-    pass
+    """A file that is not a (valid Clover) GGUF; the message names the file and the key or tensor."""
 
 
-def _field(r: GGUFReader, key: str, default=None):
-    f = r.fields.get(key)
-    if f is None:
-        if default is not None:
-            return default
-        raise GGUFReadError(f"{r.data.filename if hasattr(r.data, 'filename') else ''}: missing key {key}")
-    return f.contents()
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType -> bytes
+_STRING, _ARRAY = 8, 9
+
+
+def shown_name(b: bytes, n: int = 60) -> str:
+    """A name from a damaged file, printable on one line."""
+    return repr(b[:n].decode("utf-8", "replace"))[1:-1] + ("..." if len(b) > n else "")
+
+
+def check_structure(path) -> None:
+    """Walk the header, key/values and tensor infos checking that every length and count fits
+    in the file, before gguf-py parses it (gguf-py loops for ever on an array whose count runs
+    past the end of the file)."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 24:
+            raise GGUFReadError(f"{path}: not a valid GGUF file ({size} bytes)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            pos = 0
+
+            def take(fmt: str, what: str):
+                nonlocal pos
+                n = struct.calcsize(fmt)
+                if pos + n > size:
+                    raise GGUFReadError(f"{path}: not a valid GGUF file ({what} runs past the end of the file)")
+                v = struct.unpack_from(fmt, mm, pos)[0]
+                pos += n
+                return v
+
+            def string(what: str) -> bytes:
+                nonlocal pos
+                n = take("<Q", what)
+                if n > size - pos:
+                    raise GGUFReadError(
+                        f"{path}: not a valid GGUF file ({what}: a string of {n} bytes runs past the end)"
+                    )
+                pos += n
+                return bytes(mm[pos - n : pos])
+
+            if take("<I", "the magic") != 0x46554747:
+                raise GGUFReadError(f"{path}: not a valid GGUF file (no GGUF magic)")
+            version = take("<I", "the version")
+            if version not in (2, 3):
+                raise GGUFReadError(f"{path}: not a valid GGUF file (version {version})")
+            n_tensors, n_kv = take("<Q", "the tensor count"), take("<Q", "the key count")
+            if n_kv > size // 13 or n_tensors > size // 25:  # smallest possible entries
+                raise GGUFReadError(f"{path}: not a valid GGUF file ({n_kv} keys, {n_tensors} tensors in {size} bytes)")
+            for i in range(n_kv):
+                key = shown_name(string(f"key #{i}"))
+                t = take("<I", f"the type of {key}")
+                if t == _ARRAY:
+                    sub, count = take("<I", f"the array type of {key}"), take("<Q", f"the length of {key}")
+                    if sub == _STRING:
+                        if count > (size - pos) // 8:
+                            raise GGUFReadError(f"{path}: not a valid GGUF file ({key}: {count} strings do not fit)")
+                        for j in range(count):
+                            string(f"{key}[{j}]")
+                    elif sub in _SCALAR_BYTES:
+                        if count * _SCALAR_BYTES[sub] > size - pos:
+                            raise GGUFReadError(f"{path}: not a valid GGUF file ({key}: {count} values do not fit)")
+                        pos += count * _SCALAR_BYTES[sub]
+                    else:
+                        raise GGUFReadError(f"{path}: not a valid GGUF file ({key}: array of type {sub})")
+                elif t == _STRING:
+                    string(key)
+                elif t in _SCALAR_BYTES:
+                    take({1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[_SCALAR_BYTES[t]], key)
+                else:
+                    raise GGUFReadError(f"{path}: not a valid GGUF file (key {key} has type {t})")
+            for i in range(n_tensors):
+                name = shown_name(string(f"tensor info #{i}"))
+                nd = take("<I", f"the dimensions of {name}")
+                if nd > 4:
+                    raise GGUFReadError(f"{path}: not a valid GGUF file (tensor {name} has {nd} dimensions)")
+                for _ in range(nd):
+                    take("<Q", f"the shape of {name}")
+                take("<I", f"the type of {name}")
+                take("<Q", f"the offset of {name}")
+
+
+def open_gguf(path) -> GGUFReader:
+    """gguf-py's reader on ``path``; any failure to parse it is one GGUFReadError."""
+    try:
+        check_structure(path)
+        return GGUFReader(path)
+    except GGUFReadError:
+        raise
+    except OSError as e:
+        raise GGUFReadError(f"{path}: cannot read ({e.strerror or e})") from None
+    except Exception as e:  # gguf-py raises whatever the damaged bytes lead to
+        why = " ".join(str(e).split())[:300]
+        raise GGUFReadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {why})") from None
 
 
 def metadata(path) -> dict:
-    """All key/value pairs (arrays shortened to their length for tokens/merges)."""
-    r = GGUFReader(path)
-    out = {}
-    for k, f in r.fields.items():
-        if k.startswith("GGUF."):
-            continue
-        v = f.contents()
-        out[k] = v
-    return out
+    """All key/value pairs."""
+    r = open_gguf(path)
+    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
 
 
-def config_from_reader(r: GGUFReader) -> CloverConfig:
-    arch = _field(r, Keys.GENERAL_ARCHITECTURE)
+# --- the checks the patched llama.cpp makes at load (src/clover-validate.cpp), same wording ---
+
+# gguf_type_name() of ggml's gguf.cpp, so that both sides name types alike
+_TYPE_NAMES = ("u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64")
+# keys the reference needs to rebuild the config; the rest of LIMITS are checked when present
+_REQUIRED = {
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+    "expert_count",
+    "expert_used_count",
+    "expert_feed_forward_length",
+    "expert_shared_feed_forward_length",
+    "diffusion.block_size",
+    "conv.kernel_size",
+}
+
+
+def _type_name(t) -> str:
+    return _TYPE_NAMES[int(t)] if 0 <= int(t) < len(_TYPE_NAMES) else "unknown"
+
+
+def _scalar(r: GGUFReader, key: str, vtype: GGUFValueType, required: bool):
+    f = r.fields.get(key)
+    if f is None:
+        if required:
+            raise LimitError(f"{key}: missing")
+        return None
+    if f.types[0] != vtype:
+        raise LimitError(f"{key} has type {_type_name(f.types[0])}, expected {_type_name(vtype)}")
+    if vtype == GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8", "replace")
+    v = f.parts[f.data[0]][0]
+    return float(v) if vtype == GGUFValueType.FLOAT32 else int(v)
+
+
+def _array(r: GGUFReader, key: str, sub: GGUFValueType) -> ReaderField:
+    f = r.fields.get(key)
+    if f is None:
+        raise LimitError(f"{key}: missing")
+    if f.types[0] != GGUFValueType.ARRAY or f.types[-1] != sub:
+        got = f"array of {_type_name(f.types[-1])}" if f.types[0] == GGUFValueType.ARRAY else _type_name(f.types[0])
+        raise LimitError(f"{key} has type {got}, expected array of {_type_name(sub)}")
+    return f
+
+
+def token_strings(r: GGUFReader) -> list[bytes]:
+    f = _array(r, Keys.TOKENIZER_TOKENS, GGUFValueType.STRING)
+    return [bytes(f.parts[i]) for i in f.data]
+
+
+def check_metadata(r: GGUFReader) -> dict:
+    """What the patched llama.cpp checks at load (src/clover-validate.cpp, same order and
+    wording): every limit and rule of limits.py on the file's keys, the tokenizer keys and the
+    token strings. Returns {limit key suffix: value, "tokens": n, token id key: id}; raises
+    LimitError."""
+    arch = _scalar(r, Keys.GENERAL_ARCHITECTURE, GGUFValueType.STRING, True)
     if arch != ARCH:
-        raise GGUFReadError(f"general.architecture is {arch!r}, expected {ARCH!r}")
+        raise LimitError(f"{Keys.GENERAL_ARCHITECTURE} = {fmt_value(arch)}: must be {ARCH!r}")
+    vals = {}
+    for lim in LIMITS:
+        vt = GGUFValueType.UINT32 if lim.integer else GGUFValueType.FLOAT32
+        vals[lim.gguf] = _scalar(r, lim.gguf_key, vt, lim.gguf in _REQUIRED)
+    check_config_values(lambda lim: vals[lim.gguf])
+    gating = Keys.fmt(Keys.EXPERT_GATING_FUNC)
+    g = _scalar(r, gating, GGUFValueType.UINT32, False)
+    if g is not None and g != EXPERT_GATING_FUNC_SOFTMAX:
+        raise LimitError(f"{gating} = {g}: must be 1 (softmax)")
+    _scalar(r, Keys.fmt(Keys.EXPERT_WEIGHTS_NORM), GGUFValueType.BOOL, False)
+    model = _scalar(r, Keys.TOKENIZER_MODEL, GGUFValueType.STRING, True)
+    if model != TOKENIZER_MODEL_NAME:
+        raise LimitError(f"{Keys.TOKENIZER_MODEL} = {fmt_value(model)}: must be {TOKENIZER_MODEL_NAME!r}")
+    _scalar(r, Keys.TOKENIZER_PRE, GGUFValueType.STRING, False)
+    tokens = token_strings(r)
+    n = len(tokens)
+    BY_GGUF["vocab_size"].check(n, f"number of tokens in {Keys.TOKENIZER_TOKENS}")
+    if vals["vocab_size"] is not None and vals["vocab_size"] != n:
+        key = BY_GGUF["vocab_size"].gguf_key
+        raise LimitError(
+            f"{key} = {vals['vocab_size']}: must equal the number of tokens in {Keys.TOKENIZER_TOKENS} ({n})"
+        )
+    seen: dict[bytes, int] = {}
+    for i, t in enumerate(tokens):
+        j = seen.setdefault(t, i)
+        if j != i:
+            raise LimitError(f"{Keys.TOKENIZER_TOKENS}: token {i} repeats token {j}")
+    if Keys.TOKENIZER_TOKEN_TYPE in r.fields:
+        m = len(_array(r, Keys.TOKENIZER_TOKEN_TYPE, GGUFValueType.INT32).data)
+        if m != n:
+            raise LimitError(f"{Keys.TOKENIZER_TOKEN_TYPE} has {m} entries, {Keys.TOKENIZER_TOKENS} has {n}")
+    if Keys.TOKENIZER_MERGES in r.fields:
+        _array(r, Keys.TOKENIZER_MERGES, GGUFValueType.STRING)
+    for key in r.fields:  # every special token id llama.cpp may read is a u32
+        if (
+            key.startswith("tokenizer.ggml.")
+            and key.endswith("_token_id")
+            and len(key) > len("tokenizer.ggml._token_id")
+        ):
+            _scalar(r, key, GGUFValueType.UINT32, True)
+    vals["tokens"] = n
+    for key, required in ((Keys.MASK_ID, True), (Keys.BOS_ID, False), (Keys.EOS_ID, False), (Keys.PAD_ID, False)):
+        v = _scalar(r, key, GGUFValueType.UINT32, required)
+        if v is not None:
+            check_token_id(key, v, n)
+        vals[key] = v
+    return vals
 
-    def k(key):
-        return _field(r, Keys.fmt(key))
 
-    vocab = r.fields.get(Keys.fmt(Keys.VOCAB_SIZE))
+def config_from_reader(r: GGUFReader, path="GGUF") -> CloverConfig:
+    try:
+        v = check_metadata(r)
+    except LimitError as e:
+        raise GGUFReadError(f"{path}: {e}") from None
     d = dict(
-        vocab_size=int(vocab.contents()) if vocab is not None else len(_field(r, Keys.TOKENIZER_TOKENS)),
-        hidden_size=int(k(Keys.EMBEDDING_LENGTH)),
-        num_hidden_layers=int(k(Keys.BLOCK_COUNT)),
-        num_attention_heads=int(k(Keys.HEAD_COUNT)),
-        num_key_value_heads=int(k(Keys.HEAD_COUNT_KV)),
-        head_dim=int(k(Keys.KEY_LENGTH)),
-        num_experts=int(k(Keys.EXPERT_COUNT)),
-        num_experts_per_tok=int(k(Keys.EXPERT_USED_COUNT)),
-        moe_intermediate_size=int(k(Keys.EXPERT_FEED_FORWARD_LENGTH)),
-        shared_expert_intermediate_size=int(k(Keys.EXPERT_SHARED_FEED_FORWARD_LENGTH)),
-        conv_kernel_size=int(k(Keys.CONV_KERNEL)),
-        block_size=int(k(Keys.DIFFUSION_BLOCK_SIZE)),
-        rms_norm_eps=float(np.float32(k(Keys.RMS_EPS))),
-        rope_theta=float(np.float32(k(Keys.ROPE_FREQ_BASE))),
-        mask_token_id=int(_field(r, Keys.MASK_ID)),
-        bos_token_id=int(_field(r, Keys.BOS_ID)),
-        eos_token_id=int(_field(r, Keys.EOS_ID)),
-        pad_token_id=int(_field(r, Keys.PAD_ID)),
-        norm_topk_prob=bool(k(Keys.EXPERT_WEIGHTS_NORM)),
+        vocab_size=v["tokens"],
+        hidden_size=v["embedding_length"],
+        num_hidden_layers=v["block_count"],
+        num_attention_heads=v["attention.head_count"],
+        num_key_value_heads=v["attention.head_count_kv"],
+        head_dim=v["attention.key_length"],
+        num_experts=v["expert_count"],
+        num_experts_per_tok=v["expert_used_count"],
+        moe_intermediate_size=v["expert_feed_forward_length"],
+        shared_expert_intermediate_size=v["expert_shared_feed_forward_length"],
+        conv_kernel_size=v["conv.kernel_size"],
+        block_size=v["diffusion.block_size"],
+        # float32 metadata: restore the usual decimal values (1e-06 rather than 9.99999997e-07)
+        rms_norm_eps=float(f"{v['attention.layer_norm_rms_epsilon']:.7g}"),
+        rope_theta=float(f"{v['rope.freq_base']:.7g}"),
+        mask_token_id=v[Keys.MASK_ID],
+        bos_token_id=v[Keys.BOS_ID] if v[Keys.BOS_ID] is not None else v[Keys.MASK_ID],
+        eos_token_id=v[Keys.EOS_ID] if v[Keys.EOS_ID] is not None else v[Keys.MASK_ID],
+        pad_token_id=v[Keys.PAD_ID] if v[Keys.PAD_ID] is not None else v[Keys.MASK_ID],
+        norm_topk_prob=bool(r.fields[Keys.fmt(Keys.EXPERT_WEIGHTS_NORM)].contents())
+        if Keys.fmt(Keys.EXPERT_WEIGHTS_NORM) in r.fields
+        else True,
         tie_word_embeddings=False,
     )
-    # float32 metadata: restore the usual decimal values (1e-06 rather than 9.99999997e-07)
-    for key in ("rms_norm_eps", "rope_theta"):
-        d[key] = float(f"{d[key]:.7g}")
-    return CloverConfig.from_dict(d, source="GGUF metadata")
+    return CloverConfig.from_dict(d, source=f"{path}: metadata")
 
 
 def dequantize_tensor(t) -> np.ndarray:
@@ -97,20 +294,47 @@ def dequantize_tensor(t) -> np.ndarray:
     return quants.dequantize(t.data, t.tensor_type, shape)
 
 
+def gguf_shapes(cfg: CloverConfig) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> the (torch-order) shape the converter writes for this config."""
+    out = {}
+    for hf, shape in cfg.expected_tensors(fused=True).items():
+        name = hf_to_gguf_name(hf)
+        if name is not None:
+            out[name] = (shape[0], shape[2]) if spec_for_hf(hf).transform == "conv" else shape
+    E, Fe, d = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    for bid in range(cfg.num_hidden_layers):
+        for proj in EXPERT_PROJS:
+            out[GGUF_EXPERT_NAME[proj].format(bid=bid)] = (E, d, Fe) if proj == "down" else (E, Fe, d)
+    return out
+
+
 def load_gguf_as_hf_tensors(
     path, experts: str = "per_expert", dtype=torch.float32
 ) -> tuple[CloverConfig, dict[str, torch.Tensor]]:
     """(config, {HF name: tensor}) from a Clover GGUF; experts 'per_expert' | 'fused'."""
-    r = GGUFReader(path)
-    cfg = config_from_reader(r)
+    r = open_gguf(path)
+    cfg = config_from_reader(r, path)
     out: dict[str, torch.Tensor] = {}
     exp_names = {}
     for bid in range(cfg.num_hidden_layers):
         for proj in EXPERT_PROJS:
             exp_names[GGUF_EXPERT_NAME[proj].format(bid=bid)] = (bid, proj)
     stacks: dict[int, dict[str, torch.Tensor]] = {}
+    want = gguf_shapes(cfg)
     for t in r.tensors:
-        x = torch.from_numpy(np.array(dequantize_tensor(t), dtype=np.float32, copy=True))
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        if t.name not in want:
+            raise GGUFReadError(f"{path}: unknown tensor {shown_name(t.name.encode())}")
+        if shape != want[t.name]:
+            raise GGUFReadError(
+                f"{path}: tensor {t.name} has shape {list(shape)}, the metadata implies {list(want[t.name])}"
+            )
+        try:
+            x = torch.from_numpy(np.array(dequantize_tensor(t), dtype=np.float32, copy=True))
+        except Exception as e:
+            raise GGUFReadError(f"{path}: tensor {t.name} cannot be read ({type(e).__name__}: {e})") from None
+        if not torch.isfinite(x).all():
+            raise GGUFReadError(f"{path}: tensor {t.name} has non-finite values (NaN/Inf)")
         if t.name in exp_names:
             bid, proj = exp_names[t.name]
             if experts == "fused":
@@ -121,7 +345,7 @@ def load_gguf_as_hf_tensors(
             continue
         hf = gguf_to_hf_name(t.name)
         if hf is None:
-            raise GGUFReadError(f"{path}: unknown tensor {t.name}")
+            raise GGUFReadError(f"{path}: unknown tensor {shown_name(t.name.encode())}")
         transform = spec_for_hf(hf).transform
         if transform == "a_log":
             x = torch.log(-x.double()).float()
@@ -142,7 +366,7 @@ def load_gguf_as_hf_tensors(
 
 
 def tensor_types(path) -> dict[str, str]:
-    r = GGUFReader(Path(path))
+    r = open_gguf(Path(path))
     return {t.name: t.tensor_type.name.lower() for t in r.tensors}
 
 

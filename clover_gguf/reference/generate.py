@@ -55,16 +55,25 @@ class GenerationConfig:
     eos_token_id: int | None = None
 
     def validate(self):
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        import math
+
+        from ..limits import BY_CONFIG
+
+        bmax = int(BY_CONFIG["block_size"].hi)
+        if not 1 <= self.block_size <= bmax:
+            raise ValueError(f"block_size {self.block_size}: must be an integer in [1, {bmax}]")
+        if self.steps is not None and not 1 <= self.steps <= self.block_size:
+            raise ValueError(f"steps {self.steps}: must be an integer in [1, {self.block_size}] (the block size)")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
-        if self.temperature < 0 or self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
-            raise ValueError("temperature >= 0, top_k >= 0 and 0 < top_p <= 1 are required")
+            raise ValueError(f"threshold {self.threshold}: must be a finite number in [0, 1]")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature {self.temperature}: must be a finite number >= 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k {self.top_k}: must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p {self.top_p}: must be a finite number in (0, 1]")
         if self.max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
+            raise ValueError(f"max_new_tokens {self.max_new_tokens}: must be >= 0")
 
 
 @dataclass

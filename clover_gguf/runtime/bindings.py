@@ -9,8 +9,10 @@ the command to run when llama_cpp or the clover_* symbols are missing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import sys
 from pathlib import Path
 
 llama_token = ctypes.c_int32
@@ -186,16 +188,81 @@ def load() -> _Lib:
     return _LIB
 
 
-def set_quiet_logs(lib: _Lib, quiet: bool = True) -> None:
-    """Silence llama.cpp's log (llama_log_set with a no-op callback) unless
-    CLOVER_GGUF_VERBOSE is set."""
-    if not quiet or os.environ.get("CLOVER_GGUF_VERBOSE"):
+GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT = 4, 5
+
+
+class LogCapture:
+    """llama.cpp's log, kept (the last lines) so that a failing call can be explained in one
+    line; printed as it comes when verbose (CLOVER_GGUF_VERBOSE=1 or --debug)."""
+
+    def __init__(self, maxlen: int = 200):
+        import collections
+
+        self.lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=maxlen)
+        self.verbose = bool(os.environ.get("CLOVER_GGUF_VERBOSE"))
+
+    def __call__(self, level: int, text: bytes, _user) -> None:
+        t = (text or b"").decode("utf-8", "replace")
+        if self.verbose:
+            sys.stderr.write(t)
+        if level == GGML_LOG_LEVEL_CONT and self.lines:
+            lv, prev = self.lines[-1]
+            self.lines[-1] = (lv, prev + t)
+        else:
+            self.lines.append((level, t))
+
+    def mark(self) -> int:
+        """A position: reason() only looks at what was logged after it."""
+        self.lines.clear()
+        return 0
+
+    def reason(self) -> str | None:
+        """Why llama.cpp failed (llama-clover-cli picks the same line): the text of its "error
+        loading model: ..." line, or, when that only says the GGUF could not be parsed, or is
+        missing, the first error logged (without its function name)."""
+        errors = [t.strip() for lv, t in self.lines if lv == GGML_LOG_LEVEL_ERROR and t.strip()]
+        plain = [t.split(": ", 1)[1] if ": " in t else t for t in errors if "error loading model: " not in t]
+        for t in reversed(errors):
+            if "error loading model: " in t:
+                why = t.split("error loading model: ", 1)[1]
+                if why.startswith("llama_model_loader: failed to load model from") and plain:
+                    return plain[0]
+                return why
+        return plain[0] if plain else None
+
+
+@contextlib.contextmanager
+def stderr_silenced(silence: bool = True):
+    """fd 2 to /dev/null for the block: ggml reports bad tensor data with fprintf(stderr),
+    outside the log callback (what llama.cpp logs is in the LogCapture)."""
+    if not silence:
+        yield
         return
-    lc = lib.lc
-    global _LOG_CB
-    if "_LOG_CB" not in globals():
-        _LOG_CB = lc.llama_log_callback(lambda level, text, user: None)
-        lc.llama_log_set(_LOG_CB, ctypes.c_void_p())
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+_LOG: LogCapture | None = None
+
+
+def log_capture(lib: _Lib, verbose: bool = False) -> LogCapture:
+    """Route llama.cpp's log through one LogCapture (installed once per process)."""
+    global _LOG, _LOG_CB
+    if _LOG is None:
+        _LOG = LogCapture()
+        _LOG_CB = lib.lc.llama_log_callback(_LOG)
+        lib.lc.llama_log_set(_LOG_CB, ctypes.c_void_p())
+    if verbose:
+        _LOG.verbose = True
+    return _LOG
 
 
 # --------------------------------------------------------------------------- helpers
@@ -210,6 +277,7 @@ def model_params(lib: _Lib, n_gpu_layers: int = 0, experts_on_cpu: bool = False,
     lc = lib.lc
     p = lc.llama_model_default_params()
     p.n_gpu_layers = int(n_gpu_layers)
+    p.check_tensors = True  # NaN/Inf weights fail the load instead of generating garbage
     if experts_on_cpu:
         arr = (llama_model_tensor_buft_override * 2)()
         pat = EXPERT_PATTERN.encode()

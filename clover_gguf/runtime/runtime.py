@@ -32,6 +32,10 @@ class RuntimeError_(RuntimeError):
     """A clover_* call failed."""
 
 
+class RuntimeLoadError(RuntimeError_):
+    """llama.cpp refused the file; the message is one line naming the file and the reason."""
+
+
 class CloverRuntime:
     """One model + one context (one sequence). Not thread-safe."""
 
@@ -49,18 +53,21 @@ class CloverRuntime:
     ):
         self.path = Path(gguf_path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"{self.path}: no such GGUF file")
+            raise RuntimeLoadError(f"{self.path}: no such GGUF file")
         self._lib = B.load()
-        B.set_quiet_logs(self._lib, quiet)
+        self._log = B.log_capture(self._lib, verbose=not quiet)
         lc = self._lib.lc
         self._keep: list = []
         mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep)
-        self.model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
+        self._log.mark()
+        with B.stderr_silenced(not self._log.verbose):
+            self.model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self.model:
-            raise RuntimeError_(f"llama.cpp could not load {self.path} (set CLOVER_GGUF_VERBOSE=1 for its log)")
+            raise RuntimeLoadError(f"{self.path}: {self._log.reason() or 'llama.cpp could not load it'}")
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_layer = lc.llama_model_n_layer(self.model)
+        self.n_ctx_train = int(lc.llama_model_n_ctx_train(self.model))
         self.default_block_size = self._model_block_size()
         self.mask_token_id = lc.llama_vocab_mask(self.vocab)
         eos = lc.llama_vocab_eos(self.vocab)
@@ -72,17 +79,17 @@ class CloverRuntime:
         self.n_seq_max = int(n_seq_max)
         ub = int(n_ubatch or max(256, self.n_seq_max * self.default_block_size))
         nb = int(n_batch or ub)
-        if n_ctx and n_ctx < ub:
-            n_ctx = ub
+        n_ctx = max(int(n_ctx or self.n_ctx_train), ub)
         self.n_ubatch, self.n_batch = ub, nb
         cp = B.context_params(
             self._lib, n_ctx=n_ctx, n_batch=nb, n_ubatch=ub, n_threads=self.n_threads, n_seq_max=self.n_seq_max
         )
+        self._log.mark()
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
             lc.llama_model_free(self.model)
             self.model = None
-            raise RuntimeError_(f"llama.cpp could not create a context for {self.path}")
+            raise RuntimeLoadError(f"{self.path}: cannot create a context ({self._log.reason() or 'no reason logged'})")
         self._logits = np.empty((0,), dtype=np.float32)
         self._state_sizes: dict[int, int] = {}
         self.last_perf: dict | None = None
@@ -182,7 +189,8 @@ class CloverRuntime:
     # ---------------------------------------------------------------- memory / blocks
     def _check(self, rc: int, what: str) -> int:
         if rc < 0:
-            raise RuntimeError_(f"{what} failed ({rc})")
+            why = self._log.reason()
+            raise RuntimeError_(f"{self.path}: {what} failed ({rc}){': ' + why if why else ''}")
         return rc
 
     def reset(self) -> None:

@@ -142,9 +142,6 @@ def test_tensor_type_overrides_first_match_wins(tmp_path):
             r"blk\.0\.ffn_down_exps=bf16",
             r"ffn_down_exps=f16",
             "attn_q=f32",
-            "attn_norm=q8_0",
-            "conv1d=q8_0",
-            "mem_key=q8_0",
             "ssm_alpha=bf16",
         ],
     )
@@ -160,6 +157,30 @@ def test_tensor_type_overrides_first_match_wins(tmp_path):
     assert t["blk.0.mem_key.weight"] == "f32"
     assert t["blk.0.ssm_alpha.weight"] == "bf16"  # a matmul weight: may be overridden
     assert t["token_embd.weight"] == "q8_0" and t["output.weight"] == "q8_0"
+
+
+@pytest.mark.parametrize(
+    "overrides,bad",
+    [
+        (["nothing_is_called_this=q8_0"], "nothing_is_called_this=q8_0"),
+        (["attn_norm=q8_0"], "attn_norm=q8_0"),  # 1-D: always F32
+        (["conv1d=q8_0"], "conv1d=q8_0"),  # the runtime needs F32
+        (["mem_key=q8_0"], "mem_key=q8_0"),
+        (["ffn_down_exps=f16", r"blk\.0\.ffn_down_exps=bf16"], r"blk\.0\.ffn_down_exps=bf16"),  # shadowed
+    ],
+)
+def test_tensor_type_that_sets_nothing_is_refused(overrides, bad):
+    with pytest.raises(ConvertError) as ei:
+        convert(VEC, None, dry_run=True, tensor_types=overrides)
+    assert f"--tensor-type {bad!r} matches no tensor whose type it can set" in str(ei.value)
+
+
+def test_threads_must_be_positive(tmp_path):
+    with pytest.raises(ConvertError, match="--threads -3: must be at least 1"):
+        convert(VEC, tmp_path / "o.gguf", threads=-3)
+    res = CliRunner().invoke(cli, ["convert", str(VEC), "-o", str(tmp_path / "o.gguf"), "-t", "-3"])
+    assert res.exit_code == 2 and "-3 is not in the range x>=1" in res.output
+    assert not list(tmp_path.iterdir())
 
 
 def test_recipes(tmp_path):
@@ -333,8 +354,12 @@ def test_missing_tensor(model_copy, tmp_path):
 def test_extra_tensor(model_copy, tmp_path):
     st = model_copy / "model.safetensors"
     h, start, raw = read_st(st)
-    h["model.layers.0.extra.weight"] = dict(h["model.norm.weight"])
-    rewrite_st(st, h, raw[start:])
+    extra = dict(h["model.norm.weight"])
+    b, e = extra["data_offsets"]
+    n = len(raw) - start
+    extra["data_offsets"] = [n, n + e - b]  # its own bytes, after the others
+    h["model.layers.0.extra.weight"] = extra
+    rewrite_st(st, h, raw[start:] + raw[start + b : start + e])
     _refused(model_copy, tmp_path, r"unexpected tensor model\.layers\.0\.extra\.weight")
 
 
@@ -468,34 +493,52 @@ def test_keyboard_interrupt_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_disk_full_midway(tmp_path, monkeypatch):
+    """ENOSPC from a write in the middle of the data: one error naming the tensor and the output."""
     import errno
     import io
+    import os
 
-    real_write = io.BufferedWriter.write
-    state = {"n": 0}
+    real_fdopen = os.fdopen
 
     class Full(io.BufferedWriter):
+        n = 0
+
         def write(self, b):
-            state["n"] += 1
-            if state["n"] > 20:
+            Full.n += 1
+            if Full.n > 20:
                 raise OSError(errno.ENOSPC, "No space left on device")
-            return real_write(self, b)
+            return super().write(b)
 
-    import builtins
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode, buffering=0)))
+    out = tmp_path / "o.gguf"
+    with pytest.raises(ConvertError) as ei:
+        _conv(VEC, out)
+    msg = str(ei.value)
+    assert "No space left on device while writing tensor" in msg and f"(output {out}); no output written" in msg
+    assert list(tmp_path.iterdir()) == []
 
-    real_open = builtins.open
 
-    def fake_open(file, mode="r", *a, **k):
-        f = real_open(file, mode, *a, **k)
-        if "w" in mode and "b" in mode and str(file).endswith(".tmp"):
-            f.close()
-            return Full(real_open(file, "wb", buffering=0))
-        return f
+def test_file_size_limit_through_the_cli(tmp_path):
+    """A real short write: RLIMIT_FSIZE below the file's size (SIGXFSZ is ignored during the
+    write, so the kernel's EFBIG becomes the error): exit 1, one line, nothing left behind."""
+    import resource
+    import subprocess
+    import sys
 
-    monkeypatch.setattr(builtins, "open", fake_open)
-    with pytest.raises(ConvertError, match="No space left on device.*while writing tensor"):
-        _conv(VEC, tmp_path / "o.gguf")
-    monkeypatch.setattr(builtins, "open", real_open)
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+
+    out = tmp_path / "o.gguf"
+    r = subprocess.run(
+        [sys.executable, "-m", "clover_gguf.cli", "convert", str(VEC), "-o", str(out), "-q"],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "File too large" in r.stderr and str(out) in r.stderr and "no output written" in r.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,0 +1,154 @@
+"""`clover-gguf eval ...`: every bad option or input is one line and a non-zero exit, and a
+GGUF that is not a conversion of the reference is refused before anything is scored."""
+
+import importlib.util
+import sys
+
+import pytest
+from click.testing import CliRunner
+from eval_helpers import RC
+from testdata import REPO, TINY
+
+from clover_gguf.cli import cli
+from clover_gguf.eval.quality import QualityError, Sampling, check_matches_reference, run_quality
+
+_spec = importlib.util.spec_from_file_location("fuzz_gguf", REPO / "scripts" / "fuzz_gguf.py")
+F = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(F)
+
+
+@pytest.fixture(scope="module")
+def rc_gguf(tmp_path_factory):
+    from clover_gguf.convert.converter import convert
+
+    p = tmp_path_factory.mktemp("e") / "rc.gguf"
+    convert(RC, p, recipe="bf16", progress=False)
+    return p
+
+
+def _invoke(*args):
+    res = CliRunner().invoke(cli, list(args))
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return res
+
+
+def _one_line(res, needle):
+    assert res.exit_code != 0, res.output
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("Error: "), res.stderr
+    assert needle in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--windows", "0"], "'--windows': 0 is not in the range x>=1"),
+        (["--blocks", "-1"], "'--blocks': -1 is not in the range x>=1"),
+        (["--top-k", "0"], "--top-k 0: must be at least 1 (or auto)"),
+        (["--top-k", "many"], "--top-k 'many': a number or auto"),
+        (["--block-size", "-3"], "'--block-size': -3 is not in the range 1<=x<=1024"),
+        (["--ratios", "0.5,1.5"], "every mask ratio must be in (0, 1]"),
+        (["--ratios", "nan"], "every mask ratio must be in (0, 1]"),
+        (["--ratios", "a,b"], "comma-separated numbers expected"),
+        (["--threshold", "nan"], "nan is not a finite number"),
+        (["--threshold", "2"], "'--threshold': 2.0 is not in the range 0.0<=x<=1.0"),
+        (["--threads", "0"], "'--threads': 0 is not in the range 1<=x<=1024"),
+        (["--max-new-tokens", "0"], "'--max-new-tokens': 0 is not in the range"),
+        (["--n-prompts", "0"], "'--n-prompts': 0 is not in the range x>=1"),
+    ],
+)
+def test_quality_options(rc_gguf, tmp_path, args, needle):
+    _one_line(_invoke("eval", "quality", "--reference", str(RC), str(rc_gguf), "--out", str(tmp_path), *args), needle)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--sweep", "block_size=0,8"], "every block_size must be in [1, 1024]"),
+        (["--sweep", "threshold=nan"], "every threshold must be in [0.0, 1.0]"),
+        (["--sweep", "steps=x"], "integers expected"),
+        (["--sweep", "bogus=1"], "one of block_size"),
+        (["--runs", "0"], "'--runs': 0 is not in the range x>=1"),
+        (["--block-size", "5000"], "'--block-size': 5000 is not in the range 1<=x<=1024"),
+    ],
+)
+def test_speed_options(rc_gguf, tmp_path, args, needle):
+    _one_line(_invoke("eval", "speed", str(rc_gguf), "--out", str(tmp_path), *args), needle)
+
+
+def test_sensitivity_unknown_type_and_group(tmp_path):
+    _one_line(_invoke("eval", "sensitivity", "--reference", str(RC), "--type", "q9_z", "--out", str(tmp_path)), "q9_z")
+    _one_line(
+        _invoke("eval", "sensitivity", "--reference", str(RC), "--group", "nope", "--out", str(tmp_path)),
+        "unknown tensor group 'nope'",
+    )
+
+
+def test_empty_and_non_utf8_corpus(tmp_path):
+    from clover_gguf.convert.converter import convert
+
+    g = tmp_path / "tiny.gguf"
+    convert(TINY, g, recipe="bf16", progress=False)
+    (tmp_path / "empty.txt").write_text("")
+    res = _invoke("eval", "quality", "--reference", str(TINY), str(g), "--corpus", str(tmp_path / "empty.txt"))
+    _one_line(res, "the corpus (1 documents, 0 tokens) has no document of two blocks of 16 tokens")
+    (tmp_path / "bad.txt").write_bytes(b"def f():\n    return '\xff'\n")
+    res = _invoke("eval", "quality", "--reference", str(TINY), str(g), "--corpus", str(tmp_path / "bad.txt"))
+    _one_line(res, f"{tmp_path / 'bad.txt'}: not UTF-8 text (byte 21)")
+
+
+def test_bad_prompt_file(rc_gguf, tmp_path):
+    """Checked before the corpus and the reference logits (the random clover has no tokenizer:
+    the corpus would fail after the prompts)."""
+    p = tmp_path / "p.jsonl"
+    for content, needle in [
+        ("{nope\n", "p.jsonl:1: not JSON"),
+        ('{"ids": [1, 99999]}\n', "p.jsonl:1: token 99999 is not an id in [0, 96]"),
+        ('{"ids": "1,2"}\n', 'p.jsonl:1: "ids" must be a list of integers'),
+        ("\n", "p.jsonl: no prompts"),
+    ]:
+        p.write_text(content)
+        res = _invoke(
+            "eval", "quality", "--reference", str(RC), str(rc_gguf), "--prompts", str(p), "--out", str(tmp_path / "o"),
+            "--windows", "1", "--blocks", "3", "--backend", "reference", "--top-k", "8",
+        )  # fmt: skip
+        _one_line(res, needle)
+
+
+def test_truncated_gguf(rc_gguf, tmp_path):
+    t = tmp_path / "t.gguf"
+    t.write_bytes(rc_gguf.read_bytes()[:3000])
+    _one_line(_invoke("eval", "quality", "--reference", str(RC), str(t), "--out", str(tmp_path / "o")), str(t))
+
+
+def test_permuted_token_strings_are_refused(rc_gguf, tmp_path):
+    """The same weights with two token strings swapped would score perfectly: refused by hash."""
+    g = F.parse(rc_gguf.read_bytes())
+    toks = next(kv for kv in g.kvs if kv.key == b"tokenizer.ggml.tokens").value[1]
+    toks[5], toks[6] = toks[6], toks[5]
+    bad = tmp_path / "perm.gguf"
+    bad.write_bytes(F.serialize(g)[0])
+    with pytest.raises(QualityError, match=r"tokenizer token strings differ \(sha256 \w+ vs \w+; first at token 5"):
+        run_quality(RC, [bad], Sampling(n_windows=1, n_blocks=2), log=lambda *a: None)
+    res = _invoke("eval", "quality", "--reference", str(RC), str(bad), "--out", str(tmp_path / "o"))
+    _one_line(res, "does not match the reference")
+
+
+def test_gguf_of_another_model_is_refused(tmp_path):
+    from clover_gguf.config import CloverConfig
+    from clover_gguf.convert.converter import convert
+
+    other = tmp_path / "tiny.gguf"
+    convert(TINY, other, recipe="bf16", progress=False)
+    with pytest.raises(QualityError, match="vocab_size is 8192, the reference's is 97"):
+        check_matches_reference(other, RC, CloverConfig.load(RC))
+    _one_line(
+        _invoke("eval", "quality", "--reference", str(RC), str(other), "--out", str(tmp_path / "o")),
+        "vocab_size is 8192, the reference's is 97",
+    )
+
+
+def test_conversion_of_the_reference_matches(rc_gguf):
+    from clover_gguf.config import CloverConfig
+
+    check_matches_reference(rc_gguf, RC, CloverConfig.load(RC))  # no error
