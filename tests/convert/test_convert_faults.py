@@ -167,13 +167,13 @@ def test_output_created_by_someone_else_meanwhile_is_kept(tmp_path, monkeypatch)
     """The name is taken after the checks, before the publish: the hard-link publish fails
     cleanly and the other file stays as it was."""
     out = tmp_path / "o.gguf"
-    real = converter._write_gguf
+    real = converter.write_gguf
 
     def write_then_someone_else_publishes(*a, **k):
         real(*a, **k)
         out.write_bytes(b"the other conversion")
 
-    monkeypatch.setattr(converter, "_write_gguf", write_then_someone_else_publishes)
+    monkeypatch.setattr(converter, "write_gguf", write_then_someone_else_publishes)
     with pytest.raises(ConvertError, match="created by another process during this conversion; not replaced"):
         _conv(VEC, out)
     assert out.read_bytes() == b"the other conversion"
