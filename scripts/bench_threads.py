@@ -8,6 +8,7 @@ ggml's CPU backend (built with OpenMP) meets at an `omp barrier` after every op.
 there before it sleeps (GOMP_SPINCOUNT, OMP_WAIT_POLICY); a spinning waiter keeps its core busy,
 so a worker descheduled by the other process is not moved to it. Each policy runs in its own
 process (libgomp reads them when it loads). Prints a table and writes threads.json/threads.md.
+`--no-openmp-lib DIR` adds ggml's own threadpool (a GGML_OPENMP=OFF build) as a row.
 Run it on a quiet machine (nothing else building, training or testing).
 """
 
@@ -89,6 +90,13 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--work", type=Path, default=REPO / "out" / "bench-threads-work")
     ap.add_argument("--out", type=Path, default=REPO / "out" / "bench-threads")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma list of the rows above")
+    ap.add_argument(
+        "--no-openmp-lib",
+        type=Path,
+        help="lib folder of a GGML_OPENMP=OFF build (clover-gguf runtime build --root R --no-install "
+        "--cmake-arg=-DGGML_OPENMP=OFF): adds ggml's own threadpool as a row",
+    )
     ap.add_argument("--worker", nargs=3, metavar=("GGUF", "THREADS", "REPS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -97,12 +105,15 @@ def main():
     from clover_gguf.eval.sysinfo import environment
 
     ggufs = models(a.models.split(","), a.work)
+    policies = {p: POLICIES[p] for p in a.policies.split(",")}
+    if a.no_openmp_lib:
+        policies["ggml threadpool (no OpenMP)"] = {"LLAMA_CPP_LIB_PATH": str(a.no_openmp_lib)}
     rows = []
     for busy in (False, True):
         spinner = subprocess.Popen(["taskset", "-c", "0", "sh", "-c", "while :; do :; done"]) if busy else None
         try:
             for name, gguf in ggufs.items():
-                for pol, env in POLICIES.items():
+                for pol, env in policies.items():
                     res = {}
                     for th in (1, 2):
                         r = subprocess.run(
