@@ -89,6 +89,15 @@ def run(
     model = Path(model)
     if prompt is None and prompt_ids is None:
         raise ValueError("give a prompt or prompt ids")
+    sampling = dict(
+        max_new_tokens=max_new_tokens,
+        steps=steps,
+        threshold=threshold,
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+    )
     if model.suffix == ".gguf":
         from .runtime.runtime import CloverRuntime
 
@@ -98,16 +107,10 @@ def run(
         ids = list(prompt_ids) if prompt_ids is not None else rt.tokenize(text)
         check_request(None, ids, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
         cfg = GenerationConfig(
-            max_new_tokens=max_new_tokens,
             block_size=block_size or rt.default_block_size,
-            steps=steps,
-            threshold=threshold,
-            temperature=temp,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
             mask_token_id=rt.mask_token_id,
             eos_token_id=rt.eos_token_id,
+            **sampling,
         )
         res = rt.generate(ids, cfg, on_block=on_block)
         completion = rt.detokenize(res.tokens) if prompt_ids is None else None
@@ -135,16 +138,7 @@ def run(
         ids = tok.encode(text)
     check_request(None, ids, c.vocab_size, n_ctx, max_new_tokens, block_size or c.block_size)
     cfg = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        block_size=block_size or c.block_size,
-        steps=steps,
-        threshold=threshold,
-        temperature=temp,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-        mask_token_id=c.mask_token_id,
-        eos_token_id=c.eos_token_id,
+        block_size=block_size or c.block_size, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id, **sampling
     )
     res = generate(TorchBackend(m), ids, cfg, on_block=on_block)
     completion = tok.decode(res.tokens) if tok is not None and prompt_ids is None else None
