@@ -215,9 +215,10 @@ def test_synth_fused_equals_per_expert(tmp_path, vec_dir):
             assert torch.equal(Checkpoint(a).expert_stack(layer, proj), Checkpoint(b).expert_stack(layer, proj))
     ma, mb = CloverModel.from_pretrained(a), CloverModel.from_pretrained(b)
     assert not torch.equal(ma.lm_head.weight, ma.model.embed_tokens.weight)
-    tokens = torch.randint(0, cfg.vocab_size, (1, 2 * cfg.block_size), generator=torch.Generator().manual_seed(0))
-    la = ma.block_logits(tokens[:, cfg.block_size :], cfg.block_size, ma.prefill(tokens[:, : cfg.block_size], cfg.block_size))
-    lb = mb.block_logits(tokens[:, cfg.block_size :], cfg.block_size, mb.prefill(tokens[:, : cfg.block_size], cfg.block_size))
+    B = cfg.block_size
+    tokens = torch.randint(0, cfg.vocab_size, (1, 2 * B), generator=torch.Generator().manual_seed(0))
+    la = ma.block_logits(tokens[:, B:], B, ma.prefill(tokens[:, :B], B))
+    lb = mb.block_logits(tokens[:, B:], B, mb.prefill(tokens[:, :B], B))
     assert la.abs().max() > 0 and torch.equal(la, lb)
 
 
