@@ -1,5 +1,12 @@
 """clover-tiny tokenizer and stdlib corpus split. Uses the saved tokenizer in
-models/clover-tiny/ (python scripts/train_tokenizer.py makes it); never retrains."""
+models/clover-tiny/ (python scripts/train_tokenizer.py makes it); never retrains.
+
+Python versions: these tests pass on any Python 3.11+. The committed held-out manifest
+(evaldata/heldout-stdlib.json) lists files of Python 3.11.7's standard library by byte count,
+the corpus clover-tiny was trained on; another version's stdlib differs, so there the tests
+that need held-out files use the same rule applied to the running stdlib, and the committed
+manifest is checked to load on 3.11.7 and to be refused, naming both versions, where the
+stdlib differs."""
 
 from __future__ import annotations
 
@@ -33,6 +40,15 @@ def tok():
     return CloverTokenizer.from_dir(TOK_DIR)
 
 
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    """The held-out rule applied to this interpreter's stdlib (equal to the committed
+    manifest on Python 3.11.7)."""
+    path = tmp_path_factory.mktemp("manifest") / "heldout.json"
+    data.write_heldout_manifest(path)
+    return path
+
+
 @needs_tok
 def test_special_ids_fixed(tok):
     assert tok.vocab_size == 8192
@@ -47,8 +63,8 @@ def test_special_ids_fixed(tok):
 
 
 @needs_tok
-def test_roundtrip_stdlib_source(tok):
-    files = data.heldout_files()[:3] + data.train_files()[::100]
+def test_roundtrip_stdlib_source(tok, manifest):
+    files = data.heldout_files(manifest)[:3] + data.train_files(manifest)[::100]
     for p, text in zip(files, data.read_corpus(files)):
         ids = tok.encode(text)
         assert max(ids) < tok.vocab_size
@@ -106,10 +122,11 @@ def test_gguf_vocab(tok):
     )
 
 
-def test_heldout_disjoint_and_fraction():
-    m = data.load_heldout_manifest()
+def test_heldout_disjoint_and_fraction(manifest):
+    """The rule on this interpreter's stdlib: whole modules, ~5 % of the bytes, disjoint."""
+    m = data.load_heldout_manifest(manifest)
     assert m["python_version"] == data.python_version()
-    tr, ho = data.train_files(), data.heldout_files()
+    tr, ho = data.train_files(manifest), data.heldout_files(manifest)
     rtr, rho = {data.rel(p) for p in tr}, {data.rel(p) for p in ho}
     assert rtr.isdisjoint(rho) and ho
     assert {data.unit_of(r) for r in rtr}.isdisjoint(m["modules"])
@@ -119,10 +136,26 @@ def test_heldout_disjoint_and_fraction():
     tb = sum(p.stat().st_size for p in tr)
     assert hb == m["heldout_bytes"]
     assert 0.04 <= hb / (hb + tb) <= 0.06
-    # the manifest is what the documented rule gives
-    assert data.build_heldout_manifest()["modules"] == m["modules"]
     for r in rtr:
         assert not {"test", "tests", "idle_test", "site-packages"} & set(r.split("/")[:-1])
+
+
+def test_committed_manifest_is_python_3_11_7s():
+    """evaldata/heldout-stdlib.json is the rule applied to Python 3.11.7's stdlib (clover-tiny's
+    corpus). On 3.11.7 it loads and the rule reproduces it; on another version whose stdlib
+    differs, loading it fails with an error that names both versions."""
+    m = data.load_heldout_manifest(check=False)
+    assert m["python_version"] == "3.11.7"
+    assert m["heldout_bytes"] == sum(f["bytes"] for f in m["files"])
+    assert 0.0475 <= m["fraction"] <= 0.0525
+    if data.python_version() == m["python_version"]:
+        assert data.load_heldout_manifest() == m
+        assert data.build_heldout_manifest()["modules"] == m["modules"]
+        return
+    try:
+        data.load_heldout_manifest()
+    except data.CorpusError as e:
+        assert "Python 3.11.7" in str(e) and f"Python {data.python_version()}" in str(e), str(e)
 
 
 def test_missing_heldout_file_errors(tmp_path):
@@ -135,8 +168,8 @@ def test_missing_heldout_file_errors(tmp_path):
 
 
 @needs_tok
-def test_encode_files_cached(tok, tmp_path):
-    files = data.heldout_files()[:2]
+def test_encode_files_cached(tok, tmp_path, manifest):
+    files = data.heldout_files(manifest)[:2]
     a = data.encode_files(tok, files, tmp_path, "t")
     assert a.dtype == np.int32 and list(tmp_path.glob("t-*.npy"))
     n0 = len(tok.encode(data.read_corpus(files[:1])[0]))

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from ..checkpoint import INDEX_NAME, SINGLE_NAME
 from ..config import CloverConfig
+from ..constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER
 
 _ST_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
@@ -31,6 +32,26 @@ def _init(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     fan_in = shape[-1] if len(shape) > 1 else 1
     std = 0.02 if "embed" in name else fan_in**-0.5
     return std * torch.randn(shape, generator=g)
+
+
+def _weights(name: str, shape: tuple[int, ...], seed: int, config: CloverConfig) -> torch.Tensor:
+    """_init, except that fused experts stack the per-expert tensors' values, so that a fused
+    and a per-expert checkpoint of one seed hold the same model."""
+    for bid in range(config.num_hidden_layers):
+        if name == HF_EXPERT_FUSED_GATE_UP.format(bid=bid):
+            projs = ("gate", "up")
+        elif name == HF_EXPERT_FUSED_DOWN.format(bid=bid):
+            projs = ("down",)
+        else:
+            continue
+        out = torch.empty(shape)
+        rows = shape[1] // len(projs)
+        for x in range(shape[0]):
+            for j, p in enumerate(projs):
+                per = HF_EXPERT_PER.format(bid=bid, xid=x, proj=p)
+                out[x, j * rows : (j + 1) * rows] = _init(per, (rows, shape[2]), seed)
+        return out
+    return _init(name, shape, seed)
 
 
 def plan_shards(sizes: dict[str, int], shard_bytes: int) -> list[list[str]]:
@@ -86,7 +107,7 @@ def write_synthetic(
             f.write(struct.pack("<Q", len(hjson)))
             f.write(hjson)
             for n in members:
-                t = _init(n, shapes[n], seed).to(dtype).contiguous()
+                t = _weights(n, shapes[n], seed, config).to(dtype).contiguous()
                 f.write(t.view(torch.uint8).numpy().tobytes() if dtype == torch.bfloat16 else t.numpy().tobytes())
                 bar.update(sizes[n])
                 del t

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -191,6 +192,9 @@ def load() -> _Lib:
 GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT = 4, 5
 
 
+_OVERRIDE_LINE = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
+
+
 class LogCapture:
     """llama.cpp's log, kept (the last lines) so that a failing call can be explained in one
     line; printed as it comes when verbose (CLOVER_GGUF_VERBOSE=1 or --debug)."""
@@ -200,11 +204,17 @@ class LogCapture:
 
         self.lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=maxlen)
         self.verbose = bool(os.environ.get("CLOVER_GGUF_VERBOSE"))
+        # tensor -> buffer type, from the loader's "buffer type overridden" lines (every one,
+        # whatever the deque keeps)
+        self.overrides: dict[str, str] = {}
 
     def __call__(self, level: int, text: bytes, _user) -> None:
         t = (text or b"").decode("utf-8", "replace")
         if self.verbose:
             sys.stderr.write(t)
+        m = _OVERRIDE_LINE.match(t)
+        if m:
+            self.overrides[m.group(1)] = m.group(2)
         if level == GGML_LOG_LEVEL_CONT and self.lines:
             lv, prev = self.lines[-1]
             self.lines[-1] = (lv, prev + t)

@@ -1,9 +1,9 @@
 """Build the project's llama.cpp runtime: the llama-cpp-python 0.3.36 sdist + `patches/*.patch`.
 
 One cmake + ninja build of the vendored llama.cpp (shared libraries, `llama-clover-cli`,
-`test-backend-ops`), then the patched llama-cpp-python *Python package* is pip-installed with
-`LLAMA_BUILD=OFF` (no second compile) and the freshly built libraries are copied into its
-`llama_cpp/lib`.
+`test-backend-ops`, `test-clover`, `llama-quantize`), then the patched llama-cpp-python *Python
+package* is pip-installed with `LLAMA_BUILD=OFF` (no second compile) and the freshly built
+libraries are copied into its `llama_cpp/lib`.
 
 Layout under the runtime root (``$CLOVER_GGUF_RUNTIME_DIR``, default ``<cache>/runtime`` with
 ``<cache>`` = ``$CLOVER_GGUF_CACHE`` or ``~/.cache/clover-gguf``)::
@@ -11,7 +11,7 @@ Layout under the runtime root (``$CLOVER_GGUF_RUNTIME_DIR``, default ``<cache>/r
     src/                 the unpacked sdist with the patches applied
     build-cpu/           cmake build tree (build-cuda/ for --cuda), holds stamp.json
     lib/                 libllama.so, libggml*.so of the last successful build
-    bin/                 llama-clover-cli, test-backend-ops
+    bin/                 llama-clover-cli, test-backend-ops, test-clover, llama-quantize
     runtime.json         what runtime_paths() returns (written after each build)
 
 `runtime_paths()` is how other modules find the libraries (e.g. libggml-base for the
@@ -38,8 +38,9 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 DEFAULT_CUDA_ARCHS = "86;89;120;80;90;100"
-CPU_TARGETS = ("llama", "ggml", "llama-clover-cli", "test-backend-ops", "test-clover")
-BINARIES = ("llama-clover-cli", "test-backend-ops", "test-clover")
+CPU_TARGETS = ("llama", "ggml", "llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize")
+# llama-quantize: the reference the converter's quantized blocks are compared with (tests/convert)
+BINARIES = ("llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize")
 CLOVER_SYMBOLS = (
     "clover_gen_default_params",
     "clover_reset",
@@ -330,7 +331,7 @@ def cmake_args(src: Path, build: Path, opts: BuildOptions) -> list[str]:
         f"-DGGML_NATIVE={'OFF' if opts.portable else 'ON'}",
         "-DLLAMA_BUILD_COMMON=ON",
         "-DLLAMA_BUILD_TESTS=ON",
-        "-DLLAMA_BUILD_TOOLS=OFF",
+        "-DLLAMA_BUILD_TOOLS=ON",  # for llama-quantize; only the targets named are compiled
         "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_BUILD_SERVER=OFF",
         "-DLLAMA_BUILD_APP=OFF",

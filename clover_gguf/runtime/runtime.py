@@ -60,10 +60,14 @@ class CloverRuntime:
         self._keep: list = []
         mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep)
         self._log.mark()
+        self._log.overrides.clear()
         with B.stderr_silenced(not self._log.verbose):
             self.model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self.model:
             raise RuntimeLoadError(f"{self.path}: {self._log.reason() or 'llama.cpp could not load it'}")
+        # tensor -> buffer type of every tensor a buffer-type override placed (experts_on_cpu),
+        # as llama.cpp's loader reports it
+        self.buffer_overrides = dict(self._log.overrides)
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_layer = lc.llama_model_n_layer(self.model)

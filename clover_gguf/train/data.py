@@ -4,7 +4,8 @@ Corpus = every ``*.py`` file under ``sysconfig.get_paths()['stdlib']``, except t
 (any path component ``test``, ``tests`` or ``idle_test`` -- this covers ``test/``,
 ``idlelib/idle_test``, ``lib2to3/tests``, ``ctypes/test``, ``unittest/test``, ...),
 ``site-packages`` and files larger than 1 MB. Files are ordered by their relative POSIX
-path, so every machine with the same Python (3.11.7 here and in CI) sees the same corpus.
+path, so every machine with the same Python (3.11.7 here and in CI) sees the same corpus;
+another version's stdlib is another corpus (load_heldout_manifest refuses it, naming both).
 
 Held-out set: whole top-level modules/packages, about 5 % of the corpus bytes, listed in
 ``evaldata/heldout-stdlib.json`` (relative paths, byte counts, total, fraction, Python
@@ -174,7 +175,8 @@ def load_heldout_manifest(path: Path = HELDOUT_MANIFEST, root: Path | None = Non
     root = Path(root) if root else stdlib_root()
     where = (
         f"(manifest {path} was made from Python {m.get('python_version')}; "
-        f"this is Python {python_version()} with stdlib {root})"
+        f"this is Python {python_version()} with stdlib {root}; the held-out set is defined on "
+        f"Python {m.get('python_version')}'s stdlib: train and evaluate on held-out code with that version)"
     )
     problems = []
     for f in m["files"]:

@@ -95,7 +95,8 @@ def poke_tensor(path: Path, name: str, value: float, index: int = 0) -> None:
 
 def ggml_like_llama_quantize(lib, qtype: int, stack: np.ndarray, imatrix: np.ndarray | None) -> bytes:
     """What llama-quantize's llama_tensor_quantize_impl does for a [E, rows, cols] stack:
-    one ggml_quantize_chunk per run of rows, the expert's imatrix row for its rows."""
+    one ggml_quantize_chunk per run of rows, the expert's imatrix row for its rows. Covers every
+    expert type cheaply; test_llama_quantize.py checks against the real binary."""
     E, rows, cols = stack.shape
     x = np.ascontiguousarray(stack.reshape(E * rows, cols), dtype=np.float32)
     rs = lib.row_size(qtype, cols)

@@ -78,8 +78,42 @@ def test_compute_counts_each_expert(tmp_path):
         assert im.sums[f"blk.{bid}.ffn_down_shexp.weight"].shape == (1, 32)
     # the hooks are gone afterwards
     assert "experts" not in model.layers[0].mlp.__dict__
-    # per-expert sums match a direct computation for layer 0's router choices
-    assert all(np.isfinite(v).all() for v in im.sums.values())
+
+
+def test_expert_sums_match_direct_computation(tmp_path):
+    """Per-expert sums and counts of layer 0 equal sum(v^2) (gate/up) and sum(h^2) (down) over
+    the rows the router sends to each expert, computed here from the MoE input alone."""
+    ids = list(range(1, 65))
+    im = compute_imatrix(VEC, "ids", tmp_path / "im.gguf", n_ctx=64, token_ids=ids, progress=False, seed=3)
+    model = CloverModel.from_pretrained(VEC)
+    c = model.config
+    seen = []
+    h = model.layers[0].mlp.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+    clean = torch.tensor(ids).view(1, -1, c.block_size)
+    g = torch.Generator().manual_seed(3)
+    nb = clean.shape[1]
+    t = torch.rand(1, nb, 1, generator=g).clamp(min=1e-3)
+    noisy = torch.where(torch.rand(1, nb, c.block_size, generator=g) < t, c.mask_token_id, clean)
+    with torch.no_grad():
+        model.forward_train(clean, noisy, torch.arange(64).view(1, nb, -1), None)
+    h.remove()
+    v = seen[0].reshape(-1, c.hidden_size).double()
+    mlp = model.layers[0].mlp
+    top, _ = mlp.route(v.float())
+    gate_up = mlp.experts.gate_up_proj.detach().double()
+    Fe = c.moe_intermediate_size
+    names = {p: GGUF_EXPERT_NAME[p].format(bid=0) for p in ("gate", "up", "down")}
+    used = 0
+    for e in range(c.num_experts):
+        rows = v[(top == e).any(-1)]
+        assert im.counts[names["gate"]][e] == rows.shape[0]
+        if not rows.shape[0]:
+            continue
+        used += 1
+        assert np.allclose(im.sums[names["gate"]][e], (rows**2).sum(0).numpy(), rtol=1e-5)
+        hid = torch.nn.functional.silu(rows @ gate_up[e, :Fe].T) * (rows @ gate_up[e, Fe:].T)
+        assert np.allclose(im.sums[names["down"]][e], (hid**2).sum(0).numpy(), rtol=1e-4)
+    assert used >= 2
 
 
 def test_compute_matches_direct_capture(tmp_path):

@@ -476,6 +476,10 @@ def test_chat_prompt_matches_reference(tok_model):
 
 
 def test_tiny_shapes_parity_and_experts_on_cpu(tok_model):
+    """Parity with and without experts_on_cpu. On a CPU build every tensor is in CPU memory
+    either way, so what experts_on_cpu changes there is checked from llama.cpp's loader: its
+    override places exactly the routed experts, in a CPU buffer type."""
+    from clover_gguf.constants import GGUF_EXPERT_NAME
     from clover_gguf.reference.model import CloverModel
     from clover_gguf.runtime.runtime import CloverRuntime
 
@@ -488,6 +492,9 @@ def test_tiny_shapes_parity_and_experts_on_cpu(tok_model):
     want = ref.block_logits(torch.tensor([blk]), len(prompt), state)[0]
     for eoc in (False, True):
         with CloverRuntime(gguf, n_threads=2, experts_on_cpu=eoc, n_ubatch=4 * B) as rt:
+            experts = {GGUF_EXPERT_NAME[p].format(bid=i) for i in range(rt.n_layer) for p in ("gate", "up", "down")}
+            assert set(rt.buffer_overrides) == (experts if eoc else set()), rt.buffer_overrides
+            assert all(b.startswith("CPU") for b in rt.buffer_overrides.values()), rt.buffer_overrides
             rt.reset()
             rt.commit(prompt, B)
             assert_states_close(ref_states(state), rt, f"tiny shapes, experts_on_cpu={eoc}")
