@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark `clover-gguf convert` against llama.cpp's own two-step pipeline (issue 3).
+"""Benchmark `clover-gguf convert` against llama.cpp's own two-step pipeline.
 
 Prints figures; it is not a timed test. For each layer count (default 1 and 2):
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from ..constants import DEFAULT_THRESHOLD
+
 POS = click.IntRange(min=1)
 THREADS = click.IntRange(1, 1024)
 BLOCK = click.IntRange(1, 1024)  # limits.py: diffusion.block_size
@@ -142,7 +144,7 @@ def eval_group():
 @click.option("--n-prompts", type=POS, default=None, help="Use the first N prompts of the prompt set.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 20))
 @click.option("--steps", "gen_steps", type=BLOCK, default=None, help="steps schedule (default block_size/2).")
-@click.option("--threshold", "gen_threshold", default=0.9, show_default=True, type=UNIT, callback=_finite)
+@click.option("--threshold", "gen_threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT, callback=_finite)
 @click.option("--no-generation", is_flag=True, help="Skip the generation agreement.")
 @click.option("--runtime-threads", type=THREADS, default=None, help="llama.cpp threads (default --threads).")
 @click.option("--name", "names", multiple=True, help="Display name per GGUF, in order.")
@@ -215,7 +217,7 @@ def quality_cmd(
 )
 @click.option("--block-size", default=16, show_default=True, type=BLOCK)
 @click.option("--steps", type=BLOCK, default=None, help="steps schedule (default: threshold schedule).")
-@click.option("--threshold", default=0.9, show_default=True, type=UNIT, callback=_finite)
+@click.option("--threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT, callback=_finite)
 @click.option("--prompt-len", default=64, show_default=True, type=click.IntRange(1, 1 << 20))
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 20))
 @click.option(

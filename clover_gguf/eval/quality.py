@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..constants import DEFAULT_THRESHOLD
 from ..util import EVALDATA, default_threads
 from . import backends as bk
 from .corpus import (
@@ -204,7 +205,7 @@ def load_prompts(path, tokenizer=None, limit: int | None = None, vocab_size: int
     return out[:limit] if limit else out
 
 
-def schedules(block_size: int, steps: int | None = None, threshold: float = 0.9) -> dict[str, dict]:
+def schedules(block_size: int, steps: int | None = None, threshold: float = DEFAULT_THRESHOLD) -> dict[str, dict]:
     s = steps if steps is not None else max(1, block_size // 2)
     return {
         f"steps={s}": {"steps": s, "threshold": None},
@@ -298,7 +299,7 @@ class Generation:
     n_prompts: int | None = None
     max_new_tokens: int = 64
     steps: int | None = None  # None: block_size / 2
-    threshold: float = 0.9
+    threshold: float = DEFAULT_THRESHOLD
     providers: tuple[str, ...] | None = None  # providers that generate; None: all
 
     def load_prompts(self, tokenizer, vocab_size: int) -> list[dict]:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..constants import DEFAULT_THRESHOLD
 from ..reference.generate import BlockStats, GenerationConfig
 from .cache import StateCache
 from .text import TextStream
@@ -234,7 +235,7 @@ class Engine:
 
 
 def _thr(cfg: GenerationConfig) -> float:
-    return cfg.threshold if cfg.threshold is not None else 0.9
+    return cfg.threshold if cfg.threshold is not None else DEFAULT_THRESHOLD
 
 
 def _send(job: Job, ev: dict) -> None:
