@@ -1,0 +1,176 @@
+"""`clover-gguf plan`: sizes equal convert --dry-run, fit recipes stay within budget, the JSON
+schema, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "convert"))
+from convert_helpers import TINY, write_synth  # noqa: E402
+
+from clover_gguf.cli import cli  # noqa: E402
+from clover_gguf.convert.converter import convert  # noqa: E402
+from clover_gguf.plan import cost, make_plan  # noqa: E402
+from clover_gguf.plan.fit import Curves, fit_budget  # noqa: E402
+from clover_gguf.plan.gpus import GPUS, find_gpu  # noqa: E402
+from clover_gguf.plan.sizes import GroupTypes, PlanError, exact_plan, open_source, parse_size  # noqa: E402
+
+RECIPES = [
+    dict(experts_gate_up="q4_k", experts_down="q5_k", shared_expert="q8_0", attention="q8_0", embeddings="q8_0", output="q6_k"),
+    dict(experts_gate_up="iq3_s", experts_down="q3_k", shared_expert="q6_k", attention="q8_0", embeddings="q4_k", output="bf16"),
+    dict(experts_gate_up="iq4_xs", experts_down="iq4_xs", shared_expert="bf16", attention="q5_k", embeddings="q8_0", output="q8_0"),
+]  # fmt: skip
+
+
+def _dry_run(model_dir, gt: GroupTypes):
+    o = gt.convert_options()
+    tts = [o[i + 1] for i in range(len(o)) if o[i] == "--tensor-type"]
+    return convert(model_dir, None, outtype=o[3], experts=o[1], tensor_types=tts, dry_run=True).plan
+
+
+@pytest.fixture(scope="module")
+def odd_synth(tmp_path_factory):
+    """A synthetic checkpoint whose rows are not multiples of 256: block fallbacks happen."""
+    d = tmp_path_factory.mktemp("odd")
+    write_synth(d, hidden_size=160, head_dim=96, moe_intermediate_size=224, shared_expert_intermediate_size=96)
+    return d
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("which", ["tiny", "odd"])
+def test_sizes_equal_dry_run(recipe, which, odd_synth):
+    model = TINY if which == "tiny" else odd_synth
+    gt = GroupTypes.make(**recipe)
+    mine = exact_plan(open_source(str(model)), gt)
+    theirs = _dry_run(model, gt)
+    assert [(e.name, e.qtype, e.nbytes) for e in mine.entries] == [(e.name, e.qtype, e.nbytes) for e in theirs.entries]
+    assert mine.total_bytes == theirs.total_bytes
+    if which == "odd":
+        assert theirs.fallbacks(), "the odd shapes should exercise llama.cpp's fallback"
+
+
+def test_plan_of_shape_equals_plan_of_checkpoint():
+    """--shape/GGUF sources go through the same plan as a checkpoint folder."""
+    gt = GroupTypes.make(**RECIPES[0])
+    a = exact_plan(open_source(str(TINY)), gt)
+    b = exact_plan(open_source(None, "clover-tiny"), gt)
+    assert a.total_bytes == b.total_bytes
+
+
+def test_35b_plan_has_vram_and_split_options():
+    src = open_source(None, "clover-35b-a3b")
+    p = make_plan(src, vram=parse_size("16GiB"), gpu="rtx5070ti")
+    fits = [o for o in p["options"] if o["fits"]]
+    assert any(o["kind"] in ("vram", "fit") for o in fits)
+    split = [o for o in fits if o["kind"] == "split" and 0 < len(o["cpu_expert_layers"]) < 40]
+    assert split and "-ot" in split[0]["run"] and "=CPU" in split[0]["llama_clover_cli"]
+    for o in fits:
+        assert o["vram_bytes"] <= 16 * 2**30
+    # a block of 32 rows touches ~64 % of 256 experts at top-8; one token ~3 %
+    assert p["config"]["touched_fraction_block"] == pytest.approx(1 - (1 - 8 / 256) ** 32, abs=1e-4)
+    # the split moves weights over PCIe every pass: slower than an all-in-VRAM option
+    best_vram = max(o["speed"]["4"]["tok_s"] for o in fits if o["kind"] != "split")
+    assert split[0]["speed"]["4"]["tok_s"] < best_vram
+    # q4_k_m is the converter's named recipe: same bytes
+    q4 = next(o for o in p["options"] if o["name"] == "q4_k_m in VRAM")
+    from clover_gguf.convert.plan import build_plan
+    from clover_gguf.convert.recipes import TypeRules
+
+    assert q4["tensor_bytes"] == build_plan(src.ck, TypeRules.make(recipe="q4_k_m")).total_bytes
+
+
+def test_plan_json_schema():
+    r = CliRunner().invoke(
+        cli, ["plan", "--shape", "clover-35b-a3b", "--vram", "16GiB", "--bandwidth", "896", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    assert p["schema"] == "clover-gguf.plan/1"
+    assert p["recommended"] in {o["name"] for o in p["options"]}
+    keys = {"name", "kind", "types", "tensor_bytes", "file_bytes_est", "bpw", "vram_bytes", "ram_bytes", "fits"}
+    keys |= {"speed", "kl_pred", "convert", "run", "llama_clover_cli", "cpu_expert_layers"}
+    for o in p["options"]:
+        assert keys <= set(o), keys - set(o)
+        assert set(o["speed"]) == {"4", "8"}
+        assert o["speed"]["8"]["tok_s"] > o["speed"]["4"]["tok_s"] > 0
+        assert o["file_bytes_est"] > o["tensor_bytes"]
+        assert o["convert"].startswith("clover-gguf convert ")
+
+
+def test_fit_within_budget_35b():
+    src = open_source(None, "clover-35b-a3b")
+    for gib in (12, 16, 20):
+        f = fit_budget(src, gib * 2**30)
+        plan = exact_plan(src, f.types)
+        assert plan.total_bytes == f.tensor_bytes
+        assert f.file_bytes_max <= gib * 2**30
+    # more room never predicts more KL
+    kls = [fit_budget(src, g * 2**30).kl for g in (12, 16, 20)]
+    assert kls[0] >= kls[1] >= kls[2]
+
+
+def test_fit_dry_run_within_budget(tmp_path):
+    budget = "10MiB"
+    plan = convert(TINY, None, recipe=f"fit:{budget}", dry_run=True, log=lambda *a: None).plan
+    assert plan.total_bytes <= parse_size(budget)
+    assert plan.rules.recipe == f"fit:{budget}"
+    # a budget below the smallest recipe is one clean error
+    with pytest.raises(Exception, match="no recipe fits"):
+        convert(TINY, None, recipe="fit:1MiB", dry_run=True, log=lambda *a: None)
+
+
+def test_curves_monotone_and_extrapolated():
+    c = Curves({"experts_down": {"q4_k": 0.01, "q8_0": 0.02}}, "test")
+    # a measured wider type caps a narrower one from below
+    assert c.predict("experts_down", "q4_k") == 0.02
+    # an unmeasured narrower type costs more than the nearest measured one
+    assert c.predict("experts_down", "iq2_s") > c.predict("experts_down", "q4_k")
+    assert c.predict("experts_down", "bf16") == 0.0
+
+
+def test_touched_fraction():
+    assert cost.touched_fraction(8, 256, 1) == pytest.approx(8 / 256)
+    assert cost.touched_fraction(8, 256, 32) == pytest.approx(0.638, abs=1e-3)
+    assert cost.touched_fraction(2, 8, 16) == pytest.approx(1 - 0.75**16)
+
+
+def test_gpu_table():
+    assert len(GPUS) >= 12
+    assert find_gpu("5070 ti").vram_gib == 16
+    assert find_gpu("h200").bandwidth_gbs == 4800
+    with pytest.raises(ValueError, match="ambiguous"):
+        find_gpu("rtx50")
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--shape", "clover-35b-a3b", "--vram", "lots", "--gpu", "rtx5080"], "--vram 'lots'"),
+        (["--shape", "nope", "--gpu", "rtx5080"], "unknown preset"),
+        (["--shape", "clover-35b-a3b", "--gpu", "rtx9999"], "unknown GPU"),
+        (["--shape", "clover-35b-a3b", "--vram", "16GiB"], "--bandwidth"),
+        (["--shape", "clover-35b-a3b"], "--vram"),
+        (["--gpu", "rtx5080"], "MODEL_DIR"),
+        (["/nonexistent/x.gguf", "--gpu", "rtx5080"], "no such model"),
+    ],
+)
+def test_bad_options_one_line(args, msg):
+    r = CliRunner().invoke(cli, ["plan", *args])
+    assert r.exit_code != 0
+    out = r.output.strip()
+    assert len(out.splitlines()) == 1, out
+    assert out.startswith("Error:") and msg in out, out
+
+
+def test_parse_size():
+    assert parse_size("16GiB") == 16 * 2**30
+    assert parse_size("16G") == 16 * 2**30
+    assert parse_size("16GB") == 16 * 10**9
+    assert parse_size("900MiB") == 900 * 2**20
+    with pytest.raises(PlanError):
+        parse_size("0GiB")
