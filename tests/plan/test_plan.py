@@ -174,3 +174,28 @@ def test_parse_size():
     assert parse_size("900MiB") == 900 * 2**20
     with pytest.raises(PlanError):
         parse_size("0GiB")
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny") / "tiny-q8_0.gguf"
+    convert(TINY, out, recipe="q8_0", progress=False, log=lambda *a: None)
+    return out
+
+
+def test_run_override_tensor(tiny_gguf):
+    """The split options' -ot lines load, and keeping experts in host memory changes nothing."""
+    from clover_gguf.plan import cpu_layers_regex
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    block = [5, 6, 7, 1, 1, 1, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    with CloverRuntime(tiny_gguf, n_threads=1) as rt:
+        want = rt.block_logits_np(block)
+    pat = cpu_layers_regex([0, 2]).rsplit("=", 1)[0]
+    with CloverRuntime(tiny_gguf, n_threads=1, cpu_tensors=[pat]) as rt:
+        assert (rt.block_logits_np(block) == want).all()
+    args = ["run", str(tiny_gguf), "--prompt-ids", "5,6,7", "-n", "4", "-t", "1"]
+    r = CliRunner().invoke(cli, [*args, "-ot", cpu_layers_regex([0, 1])])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, [*args, "-ot", "exps=CUDA0"])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "REGEX=CPU" in r.output
