@@ -480,7 +480,7 @@ def plan_cmd(
         if calibrate_files:
             cal = C.calibrate(calibrate_files, th, cal_path, log=lambda m: click.echo(m, err=True))
             click.echo(f"wrote {cal_path}: c0 {cal.c0_ms:.3f} ms, {cal.c_layer_ms:.3f} ms/layer, "
-                       f"{cal.bw_gbs:.2f} GB/s, {cal.gmacs:.2f} GMAC/s")  # fmt: skip
+                       f"{cal.bw_gbs:.2f} GB/s, {cal.gmacs:.2f} GMAC/s dense, {cal.gmacs_experts:.2f} GMAC/s experts")  # fmt: skip
         if validate_files:
             tab = C.validate(validate_files, th, CpuCalibration.load(cal_path))
             click.echo(_json.dumps(tab, indent=1) if as_json else C.format_table(tab))

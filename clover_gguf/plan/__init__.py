@@ -199,7 +199,7 @@ def _split_times(cfg, plan, tps, dev, cpu, cpu_set):
     B = cfg.block_size
     n = max(1, -(-B // tps))
     steps = [cost.gpu_ms(cost.forward_work(cfg, plan, B, max(0, B - i * tps), cpu_set), dev, cpu, B) for i in range(n)]
-    commit = cost.gpu_ms(cost.forward_work(cfg, plan, B, 0, cpu_set), dev, cpu, B)
+    commit = cost.gpu_ms(cost.forward_work(cfg, plan, B, 0, cpu_set, commit=True), dev, cpu, B)
     return sum(steps) / n, commit, B / ((sum(steps) + commit) / 1e3)
 
 

@@ -8,6 +8,7 @@ commit and block times on other files."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
@@ -78,19 +79,19 @@ def measure(path: Path, threads: int, masked=(None,), repeats: int = 3, prompt_l
 
 
 def _rows(path: Path, m: dict):
-    """(features [1, L, bytes, macs], measured ms, label) per measurement of a file."""
+    """(features [1, L, MB, M MACs dense, M MACs experts], measured ms, label) per measurement."""
     cfg, plan = _gguf_plan(path)
     B = m["block_size"]
     out = []
     items = [("commit", 0, m["commit_ms"])] + [(f"step n={n}", n, t) for n, t in m["step_ms"].items()]
     for label, n, t in items:
-        w = cost.forward_work(cfg, plan, B, n)
-        out.append(([1.0, w.n_layers, w.bytes_ / 1e6, w.macs / 1e6], t, label, w))
+        w = cost.forward_work(cfg, plan, B, n, commit=label == "commit")
+        out.append(([1.0, w.n_layers, w.bytes_ / 1e6, w.macs / 1e6, w.exp_macs / 1e6], t, label, w))
     return out
 
 
 def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Non-negative least squares by trying every subset of free terms (4 terms: 16 solves)."""
+    """Non-negative least squares by trying every subset of free terms (5 terms: 31 solves)."""
     import itertools
 
     n = A.shape[1]
@@ -107,16 +108,18 @@ def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_calibration(rows, threads: int, source: str) -> cost.CpuCalibration:
-    """Non-negative least squares on relative error: ms = c0 + cL*L + MB/BW + Mmac/R."""
+    """Non-negative least squares on relative error: ms = c0 + cL*L + MB/BW + Mmac/R + Mmac_e/R_e
+    (MB per ms is GB/s, M MACs per ms is GMAC/s)."""
     X = np.array([r[0] for r in rows])
     y = np.array([r[1] for r in rows])
     Xw, yw = X / y[:, None], y / y  # relative error weights every measurement alike
-    c0, cl, inv_bw, inv_r = _nnls(Xw, yw)
+    c0, cl, inv_bw, inv_r, inv_re = _nnls(Xw, yw)
     return cost.CpuCalibration(
         c0_ms=float(c0),
         c_layer_ms=float(cl),
-        bw_gbs=float(1.0 / inv_bw) / 1e3 if inv_bw > 0 else 1e9,
-        gmacs=float(1.0 / inv_r) / 1e3 if inv_r > 0 else 1e9,
+        bw_gbs=float(1.0 / inv_bw) if inv_bw > 0 else 1e9,
+        gmacs=float(1.0 / inv_r) if inv_r > 0 else 1e9,
+        gmacs_experts=float(1.0 / inv_re) if inv_re > 0 else 1e9,
         threads=threads,
         source=source,
         loadavg=tuple(round(x, 2) for x in os.getloadavg()),
@@ -134,10 +137,21 @@ def calibrate(files, threads: int, out: Path, repeats: int = 3, log=print) -> co
         rows += _rows(f, m)
     cal = fit_calibration(rows, threads, f"measured on {len(files)} file(s): {', '.join(Path(f).name for f in files)}")
     cal.save(out)
+    # the raw points beside it, to refit without measuring again
+    pts = [
+        {"file": str(f), "what": lb, "features": x, "ms": t} for (x, t, lb, _), f in zip(rows, _files_of(rows, files))
+    ]
+    out.with_suffix(".points.json").write_text(json.dumps(pts, indent=1) + "\n")
     for x, t, label, _ in rows:
-        p = cal.ms(int(x[1]), x[2] * 1e6, x[3] * 1e6)
+        p = cal.ms(int(x[1]), x[2] * 1e6, x[3] * 1e6, x[4] * 1e6)
         log(f"  fit: {label:<12} measured {t:9.2f} ms  model {p:9.2f} ms  ({100 * (p - t) / t:+.0f} %)")
     return cal
+
+
+def _files_of(rows, files):
+    """The file of each row (4 rows a file: commit and 3 steps)."""
+    per = len(rows) // max(1, len(files))
+    return [files[i // per] for i in range(len(rows))]
 
 
 def validate(files, threads: int, cal: cost.CpuCalibration, repeats: int = 3, log=print) -> list[dict]:
@@ -151,20 +165,20 @@ def validate(files, threads: int, cal: cost.CpuCalibration, repeats: int = 3, lo
         masked = sorted({B, *range(B, 0, -4), *range(B, 0, -8)}, reverse=True)
         m = measure(f, threads, masked=tuple(masked), repeats=repeats)
 
-        def pred(n, cfg=cfg, plan=plan, B=B):
-            return cost.cpu_ms(cost.forward_work(cfg, plan, B, n), cal)
+        def pred(n, cfg=cfg, plan=plan, B=B, commit=False):
+            return cost.cpu_ms(cost.forward_work(cfg, plan, B, n, commit=commit), cal)
 
         def row(what, p, t, name=f.name):
             table.append({"file": name, "what": what, "pred_ms": p, "meas_ms": t, "err": (p - t) / t})
 
         row(f"step n={B}", pred(B), m["step_ms"][B])
         row("step n=4", pred(4), m["step_ms"][4])
-        row("commit", pred(0), m["commit_ms"])
+        row("commit", pred(0, commit=True), m["commit_ms"])
         for tps in (4, 8):
             ns = list(range(B, 0, -tps))
             row(
                 f"block@{tps}tok/step",
-                sum(pred(n) for n in ns) + pred(0),
+                sum(pred(n) for n in ns) + pred(0, commit=True),
                 sum(m["step_ms"][n] for n in ns) + m["commit_ms"],
             )
     return table

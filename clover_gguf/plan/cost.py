@@ -44,13 +44,20 @@ class CpuCalibration:
     c0_ms: float = 1.0
     c_layer_ms: float = 0.05
     bw_gbs: float = 10.0  # bytes touched
-    gmacs: float = 20.0  # multiply-adds per ns
+    gmacs: float = 20.0  # dense multiply-adds per ns
+    gmacs_experts: float = 10.0  # routed experts' (MUL_MAT_ID: few rows per expert)
     threads: int = 0
     source: str = "default (uncalibrated)"
     loadavg: tuple[float, float, float] | None = None
 
-    def ms(self, n_layers: int, bytes_: float, macs: float) -> float:
-        return self.c0_ms + self.c_layer_ms * n_layers + bytes_ / (self.bw_gbs * 1e6) + macs / (self.gmacs * 1e6)
+    def ms(self, n_layers: int, bytes_: float, macs: float, exp_macs: float = 0.0) -> float:
+        return (
+            self.c0_ms
+            + self.c_layer_ms * n_layers
+            + bytes_ / (self.bw_gbs * 1e6)
+            + macs / (self.gmacs * 1e6)
+            + exp_macs / (self.gmacs_experts * 1e6)
+        )
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +87,8 @@ class Work:
     """One forward pass's bytes and MACs, split by where they run."""
 
     bytes_: float = 0.0
-    macs: float = 0.0
+    macs: float = 0.0  # dense
+    exp_macs: float = 0.0  # routed experts on the device
     n_layers: int = 0
     cpu_expert_bytes_touched: float = 0.0  # experts in host memory (split placement)
     cpu_expert_bytes_full: float = 0.0
@@ -88,14 +96,22 @@ class Work:
     n_cpu_layers: int = 0
 
 
-def forward_work(cfg: CloverConfig, plan: Plan, T: int, lm_rows: float, cpu_layers=frozenset()) -> Work:
-    """Bytes read and multiply-adds of a forward pass over T rows with lm_head on lm_rows."""
+def forward_work(
+    cfg: CloverConfig, plan: Plan, T: int, lm_rows: float, cpu_layers=frozenset(), commit: bool = False
+) -> Work:
+    """Bytes read and multiply-adds of a forward pass over T rows with lm_head on lm_rows. A
+    commit only updates the memory states: nothing reads the last layer's FFN output, and
+    llama.cpp prunes it from the graph."""
+    last = cfg.num_hidden_layers - 1
+    ffn = ("experts_gate_up", "experts_down", "shared_expert", "router")
     E, k = cfg.num_experts, cfg.num_experts_per_tok
     frac = touched_fraction(k, E, T)
     d, Fe, Fs = cfg.hidden_size, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
     H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     w = Work(n_layers=cfg.num_hidden_layers)
     for e in plan.entries:
+        if commit and e.group in ffn and e.name.startswith(f"blk.{last}."):
+            continue
         if e.group == "embeddings":
             w.bytes_ += T * e.nbytes / e.shape[0]  # row lookups
         elif e.group == "output":
@@ -111,16 +127,19 @@ def forward_work(cfg: CloverConfig, plan: Plan, T: int, lm_rows: float, cpu_laye
         else:
             w.bytes_ += e.nbytes
     L = cfg.num_hidden_layers
-    per_row = (
+    attn_row = (
         2 * H * D * d + 2 * Hkv * D * d  # q, o, k, v
-        + 3 * Fs * d + d  # shared expert and its gate
-        + E * d + 2 * Hkv * d  # router, alpha/beta
+        + 2 * Hkv * d  # alpha/beta
         + 4 * Hkv * D * D  # delta-rule state update and readout
         + T * H * D  # attention inside the block
     )  # fmt: skip
+    ffn_row = 3 * Fs * d + d + E * d  # shared expert and its gate, router
+    n_ffn = L - 1 if commit else L
     exp_macs = T * k * 3 * Fe * d
-    w.macs = L * T * per_row + (L - len(cpu_layers)) * exp_macs + lm_rows * cfg.vocab_size * d
-    w.cpu_expert_macs = len(cpu_layers) * exp_macs
+    w.macs = L * T * attn_row + n_ffn * T * ffn_row + lm_rows * cfg.vocab_size * d
+    n_cpu = len([i for i in cpu_layers if i < n_ffn])
+    w.exp_macs = (n_ffn - n_cpu) * exp_macs
+    w.cpu_expert_macs = n_cpu * exp_macs
     w.n_cpu_layers = len(cpu_layers)
     return w
 
@@ -135,20 +154,21 @@ class Device:
 
 def gpu_ms(w: Work, dev: Device, cpu: CpuCalibration, T: int) -> float:
     t = GPU_STEP_OVERHEAD_MS + GPU_LAYER_OVERHEAD_MS * w.n_layers
+    flops = 2 * (w.macs + w.exp_macs)
     t += max(
-        w.bytes_ / (dev.bandwidth_gbs * GPU_BW_EFFICIENCY * 1e6), 2 * w.macs / (dev.tflops * GPU_FLOPS_EFFICIENCY * 1e9)
+        w.bytes_ / (dev.bandwidth_gbs * GPU_BW_EFFICIENCY * 1e6), flops / (dev.tflops * GPU_FLOPS_EFFICIENCY * 1e9)
     )
     if w.n_cpu_layers:
         if T >= OP_OFFLOAD_MIN_BATCH:
             t += w.cpu_expert_bytes_full / (dev.pcie_gbs * 1e6)
             t += w.cpu_expert_bytes_full / (dev.bandwidth_gbs * GPU_BW_EFFICIENCY * 1e6)
         else:
-            t += cpu.ms(0, w.cpu_expert_bytes_touched, w.cpu_expert_macs) - cpu.c0_ms
+            t += cpu.ms(0, w.cpu_expert_bytes_touched, 0.0, w.cpu_expert_macs) - cpu.c0_ms
     return t
 
 
 def cpu_ms(w: Work, cpu: CpuCalibration) -> float:
-    return cpu.ms(w.n_layers, w.bytes_ + w.cpu_expert_bytes_touched, w.macs + w.cpu_expert_macs)
+    return cpu.ms(w.n_layers, w.bytes_ + w.cpu_expert_bytes_touched, w.macs, w.exp_macs + w.cpu_expert_macs)
 
 
 def block_times(cfg: CloverConfig, plan: Plan, tokens_per_step: int, time_fn, block: int | None = None):
@@ -157,7 +177,7 @@ def block_times(cfg: CloverConfig, plan: Plan, tokens_per_step: int, time_fn, bl
     B = block or cfg.block_size
     n_steps = max(1, math.ceil(B / tokens_per_step))
     steps = [time_fn(forward_work(cfg, plan, B, max(0, B - i * tokens_per_step)), B) for i in range(n_steps)]
-    commit = time_fn(forward_work(cfg, plan, B, 0), B)
+    commit = time_fn(forward_work(cfg, plan, B, 0, commit=True), B)
     total = sum(steps) + commit
     return sum(steps) / n_steps, commit, B / (total / 1e3)
 
