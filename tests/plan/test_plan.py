@@ -199,3 +199,15 @@ def test_run_override_tensor(tiny_gguf):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(cli, [*args, "-ot", "exps=CUDA0"])
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "REGEX=CPU" in r.output
+
+
+def test_fit_real_file_within_budget(tmp_path):
+    """The written file, header included, is within the budget (the header estimate is an
+    upper bound), and the types are what the fit chose."""
+    out = tmp_path / "fit.gguf"
+    notes = []
+    res = convert(TINY, out, recipe="fit:9MiB", progress=False, log=notes.append)
+    assert out.stat().st_size <= 9 * 2**20
+    assert any(n.startswith("fit: total") for n in notes)
+    dry = convert(TINY, None, recipe="fit:9MiB", dry_run=True, log=lambda *a: None).plan
+    assert [e.qtype for e in dry.entries] == [e.qtype for e in res.plan.entries]
