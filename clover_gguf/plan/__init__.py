@@ -80,7 +80,7 @@ def make_plan(
         vram = g.vram_bytes
     dev = _device(g, vram, bandwidth)
     cfg = src.config
-    curves = curves or Curves.load()
+    curves = (curves or Curves.load()).for_layers(cfg.num_hidden_layers)
     cpu = calibration or cost.CpuCalibration.load()
     state = cost.state_bytes(cfg)
     compute = cost.compute_buffer_bytes(cfg, N_UBATCH)
@@ -121,14 +121,11 @@ def make_plan(
         fits_ram = ram is None or cpu_b + hdr + (1 << 30) <= ram
         cpu_set = frozenset(o.cpu_layers)
 
-        def t_fn(w, T):
-            return cost.gpu_ms(w, dev, cpu, T)
-
         speed = {}
         for tps in (4, 8):
-            step, commit, tok_s = cost.block_times(cfg, plan, tps, lambda w, T: t_fn(w, T), None)
-            if cpu_set:
-                step, commit, tok_s = _split_times(cfg, plan, tps, dev, cpu, cpu_set)
+            step, commit, tok_s = cost.block_times(
+                cfg, plan, tps, lambda w, T: cost.gpu_ms(w, dev, cpu, T), cpu_set, all_rows=True
+            )
             speed[str(tps)] = {"step_ms": round(step, 3), "commit_ms": round(commit, 3), "tok_s": round(tok_s, 1)}
         gguf = out_name.replace(".gguf", f"-{o.types.short().split(',')[0].split()[1].replace('/', '-')}.gguf")
         run = ["clover-gguf", "run", gguf, "-ngl", "99"]
@@ -193,14 +190,6 @@ def make_plan(
         "options": rows,
         "recommended": (recommended(rows) or {}).get("name"),
     }
-
-
-def _split_times(cfg, plan, tps, dev, cpu, cpu_set):
-    B = cfg.block_size
-    n = max(1, -(-B // tps))
-    steps = [cost.gpu_ms(cost.forward_work(cfg, plan, B, max(0, B - i * tps), cpu_set), dev, cpu, B) for i in range(n)]
-    commit = cost.gpu_ms(cost.forward_work(cfg, plan, B, 0, cpu_set, commit=True), dev, cpu, B)
-    return sum(steps) / n, commit, B / ((sum(steps) + commit) / 1e3)
 
 
 def recommended(options: list[dict]) -> dict | None:

@@ -86,12 +86,14 @@ def _rows(path: Path, m: dict):
     items = [("commit", 0, m["commit_ms"])] + [(f"step n={n}", n, t) for n, t in m["step_ms"].items()]
     for label, n, t in items:
         w = cost.forward_work(cfg, plan, B, n, commit=label == "commit")
-        out.append(([1.0, w.n_layers, w.bytes_ / 1e6, w.macs / 1e6, w.exp_macs / 1e6], t, label, w))
+        w.file = path.name  # for the saved points
+        lv, lt = cost.lm_features(w)
+        out.append(([1.0, w.n_layers, w.bytes_ / 1e6, w.macs / 1e6, w.exp_macs / 1e6, lv / 1e6, lt / 1e6], t, label, w))
     return out
 
 
 def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Non-negative least squares by trying every subset of free terms (5 terms: 31 solves)."""
+    """Non-negative least squares by trying every subset of free terms (7 terms: 127 solves)."""
     import itertools
 
     n = A.shape[1]
@@ -109,52 +111,46 @@ def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def fit_calibration(rows, threads: int, source: str) -> cost.CpuCalibration:
     """Non-negative least squares on relative error: ms = c0 + cL*L + MB/BW + Mmac/R + Mmac_e/R_e
-    (MB per ms is GB/s, M MACs per ms is GMAC/s)."""
+    + lm_head terms (MB per ms is GB/s, M MACs per ms is GMAC/s)."""
     X = np.array([r[0] for r in rows])
     y = np.array([r[1] for r in rows])
     Xw, yw = X / y[:, None], y / y  # relative error weights every measurement alike
-    c0, cl, inv_bw, inv_r, inv_re = _nnls(Xw, yw)
+    c0, cl, inv_bw, inv_r, inv_re, inv_lv, inv_lt = _nnls(Xw, yw)
     return cost.CpuCalibration(
         c0_ms=float(c0),
         c_layer_ms=float(cl),
         bw_gbs=float(1.0 / inv_bw) if inv_bw > 0 else 1e9,
         gmacs=float(1.0 / inv_r) if inv_r > 0 else 1e9,
         gmacs_experts=float(1.0 / inv_re) if inv_re > 0 else 1e9,
+        gmacs_lm_vec=float(1.0 / inv_lv) if inv_lv > 0 else 1e9,
+        gmacs_lm_tile=float(1.0 / inv_lt) if inv_lt > 0 else 1e9,
         threads=threads,
         source=source,
         loadavg=tuple(round(x, 2) for x in os.getloadavg()),
     )
 
 
-def calibrate(files, threads: int, out: Path, repeats: int = 3, log=print) -> cost.CpuCalibration:
+def calibrate(files, threads: int, out: Path, repeats: int = 5, log=print) -> cost.CpuCalibration:
     rows = []
     for f in files:
         f = Path(f)
         if not f.is_file():
             raise PlanError(f"{f}: no such GGUF file")
         log(f"measure {f} ({threads} threads)")
-        m = measure(f, threads, masked=(None, 4, 1), repeats=repeats)
+        m = measure(f, threads, masked=(None, 16, 8, 4, 2, 1), repeats=repeats)
         rows += _rows(f, m)
     cal = fit_calibration(rows, threads, f"measured on {len(files)} file(s): {', '.join(Path(f).name for f in files)}")
     cal.save(out)
     # the raw points beside it, to refit without measuring again
-    pts = [
-        {"file": str(f), "what": lb, "features": x, "ms": t} for (x, t, lb, _), f in zip(rows, _files_of(rows, files))
-    ]
+    pts = [{"file": w.file, "what": lb, "features": x, "ms": t} for x, t, lb, w in rows]
     out.with_suffix(".points.json").write_text(json.dumps(pts, indent=1) + "\n")
     for x, t, label, _ in rows:
-        p = cal.ms(int(x[1]), x[2] * 1e6, x[3] * 1e6, x[4] * 1e6)
+        p = cal.ms(int(x[1]), x[2] * 1e6, x[3] * 1e6, x[4] * 1e6, (x[5] * 1e6, x[6] * 1e6))
         log(f"  fit: {label:<12} measured {t:9.2f} ms  model {p:9.2f} ms  ({100 * (p - t) / t:+.0f} %)")
     return cal
 
 
-def _files_of(rows, files):
-    """The file of each row (4 rows a file: commit and 3 steps)."""
-    per = len(rows) // max(1, len(files))
-    return [files[i // per] for i in range(len(rows))]
-
-
-def validate(files, threads: int, cal: cost.CpuCalibration, repeats: int = 3, log=print) -> list[dict]:
+def validate(files, threads: int, cal: cost.CpuCalibration, repeats: int = 5, log=print) -> list[dict]:
     """Predicted vs measured: first step (all rows masked), a step with 4 masked, the commit,
     and the block at 4 and 8 tokens per step built from them."""
     table = []

@@ -25,6 +25,8 @@ from pathlib import Path
 from ..config import CloverConfig
 from ..convert.plan import Plan
 
+LM_VEC_MAX = 7  # rows ggml's CPU matmul does one by one (measured: 1-7 linear, a jump at 8)
+LM_TILE = 16  # rows of a tile above that
 OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda's min batch size for offloading host-weight ops
 GPU_BW_EFFICIENCY = 0.75  # of the vendor bandwidth a quantized MoE matmul reaches
 GPU_FLOPS_EFFICIENCY = 0.35  # dequantizing kernels at small batch
@@ -46,17 +48,23 @@ class CpuCalibration:
     bw_gbs: float = 10.0  # bytes touched
     gmacs: float = 20.0  # dense multiply-adds per ns
     gmacs_experts: float = 10.0  # routed experts' (MUL_MAT_ID: few rows per expert)
+    # lm_head: ggml's CPU matmul takes up to LM_VEC_MAX rows one by one (vec_dot) and more in
+    # tiles of LM_TILE rows; measured here, each regime gets its own rate
+    gmacs_lm_vec: float = 20.0
+    gmacs_lm_tile: float = 20.0  # per tile of LM_TILE rows, in row-MACs x LM_TILE
     threads: int = 0
     source: str = "default (uncalibrated)"
     loadavg: tuple[float, float, float] | None = None
 
-    def ms(self, n_layers: int, bytes_: float, macs: float, exp_macs: float = 0.0) -> float:
+    def ms(self, n_layers: int, bytes_: float, macs: float, exp_macs: float = 0.0, lm=(0.0, 0.0)) -> float:
         return (
             self.c0_ms
             + self.c_layer_ms * n_layers
             + bytes_ / (self.bw_gbs * 1e6)
             + macs / (self.gmacs * 1e6)
             + exp_macs / (self.gmacs_experts * 1e6)
+            + lm[0] / (self.gmacs_lm_vec * 1e6)
+            + lm[1] / (self.gmacs_lm_tile * 1e6)
         )
 
     def save(self, path: Path) -> None:
@@ -87,7 +95,9 @@ class Work:
     """One forward pass's bytes and MACs, split by where they run."""
 
     bytes_: float = 0.0
-    macs: float = 0.0  # dense
+    macs: float = 0.0  # dense, lm_head excluded
+    lm_rows: float = 0.0
+    lm_row_macs: float = 0.0  # V x d
     exp_macs: float = 0.0  # routed experts on the device
     n_layers: int = 0
     cpu_expert_bytes_touched: float = 0.0  # experts in host memory (split placement)
@@ -136,7 +146,8 @@ def forward_work(
     ffn_row = 3 * Fs * d + d + E * d  # shared expert and its gate, router
     n_ffn = L - 1 if commit else L
     exp_macs = T * k * 3 * Fe * d
-    w.macs = L * T * attn_row + n_ffn * T * ffn_row + lm_rows * cfg.vocab_size * d
+    w.macs = L * T * attn_row + n_ffn * T * ffn_row
+    w.lm_rows, w.lm_row_macs = lm_rows, cfg.vocab_size * d
     n_cpu = len([i for i in cpu_layers if i < n_ffn])
     w.exp_macs = (n_ffn - n_cpu) * exp_macs
     w.cpu_expert_macs = n_cpu * exp_macs
@@ -154,7 +165,7 @@ class Device:
 
 def gpu_ms(w: Work, dev: Device, cpu: CpuCalibration, T: int) -> float:
     t = GPU_STEP_OVERHEAD_MS + GPU_LAYER_OVERHEAD_MS * w.n_layers
-    flops = 2 * (w.macs + w.exp_macs)
+    flops = 2 * (w.macs + w.exp_macs + w.lm_rows * w.lm_row_macs)
     t += max(
         w.bytes_ / (dev.bandwidth_gbs * GPU_BW_EFFICIENCY * 1e6), flops / (dev.tflops * GPU_FLOPS_EFFICIENCY * 1e9)
     )
@@ -168,16 +179,35 @@ def gpu_ms(w: Work, dev: Device, cpu: CpuCalibration, T: int) -> float:
 
 
 def cpu_ms(w: Work, cpu: CpuCalibration) -> float:
-    return cpu.ms(w.n_layers, w.bytes_ + w.cpu_expert_bytes_touched, w.macs, w.exp_macs + w.cpu_expert_macs)
+    return cpu.ms(
+        w.n_layers, w.bytes_ + w.cpu_expert_bytes_touched, w.macs, w.exp_macs + w.cpu_expert_macs, lm_features(w)
+    )
 
 
-def block_times(cfg: CloverConfig, plan: Plan, tokens_per_step: int, time_fn, block: int | None = None):
+def lm_features(w: Work) -> tuple[float, float]:
+    """(MACs in the one-row regime, row-MACs x LM_TILE x tiles in the tiled regime)."""
+    n = w.lm_rows
+    if n <= 0:
+        return 0.0, 0.0
+    if n <= LM_VEC_MAX:
+        return n * w.lm_row_macs, 0.0
+    return 0.0, math.ceil(n / LM_TILE) * LM_TILE * w.lm_row_macs
+
+
+def block_times(
+    cfg: CloverConfig, plan: Plan, tokens_per_step: int, time_fn, cpu_layers=frozenset(), all_rows: bool = True
+):
     """(mean step ms, commit ms, tok/s) for a block decoded at tokens_per_step: steps see
-    B, B-tps, ... masked rows; the commit is a pass over B rows without lm_head."""
-    B = block or cfg.block_size
+    B, B-tps, ... masked rows; the commit is a pass over B rows without lm_head. all_rows:
+    the lm_head runs over every row (the runtime does so when the output layer is on a GPU,
+    so that every step reuses one graph); else over the masked rows (CPU)."""
+    B = cfg.block_size
     n_steps = max(1, math.ceil(B / tokens_per_step))
-    steps = [time_fn(forward_work(cfg, plan, B, max(0, B - i * tokens_per_step)), B) for i in range(n_steps)]
-    commit = time_fn(forward_work(cfg, plan, B, 0, commit=True), B)
+    steps = [
+        time_fn(forward_work(cfg, plan, B, B if all_rows else max(0, B - i * tokens_per_step), cpu_layers), B)
+        for i in range(n_steps)
+    ]
+    commit = time_fn(forward_work(cfg, plan, B, 0, cpu_layers, commit=True), B)
     total = sum(steps) + commit
     return sum(steps) / n_steps, commit, B / (total / 1e3)
 

@@ -4,7 +4,9 @@ predicted KL under a size budget.
 Predicted KL = sum over groups of KL_group(type), from per-group sensitivity curves
 (`clover-gguf eval sensitivity --type T ...`: one group quantized at a time against a BF16
 base, committed for clover-tiny under evaldata/sensitivity/). For another model those curves
-are the prior: they rank groups and types, they do not predict its absolute KL. A (group,
+are the prior: they rank groups and types, they do not predict its absolute KL; the per-layer
+groups' KL is scaled by the ratio of layer counts (errors of independent layers add), the
+embeddings' and output's is not. A (group,
 type) the curves lack is extrapolated from the group's measured point nearest in bits per
 weight with quantization noise power ~ 2^(-2 bpw). The search is exhaustive over the groups'
 candidate types (a few 10^4 recipes), with sizes from the converter's own rules (block
@@ -31,16 +33,32 @@ def _bpw(t: str) -> float:
     return quants.bits_per_weight(quants.parse_type(t))
 
 
+PER_LAYER_GROUPS = ("experts_gate_up", "experts_down", "shared_expert", "attention")
+
+
 @dataclass
 class Curves:
     kl: dict[str, dict[str, float]]  # group -> type -> KL mean (nats)
     source: str
+    layers: int = 0  # layers of the model the curves were measured on
+    target_layers: int = 0  # layers of the model predicted (0: the same)
+
+    def for_layers(self, n: int) -> Curves:
+        """The curves applied to an n-layer model: a per-layer group's error adds up over the
+        layers (to first order), the embeddings and the output are one tensor each."""
+        return Curves(self.kl, self.source, self.layers, n)
+
+    def scale(self, group: str) -> float:
+        if group in PER_LAYER_GROUPS and self.layers and self.target_layers:
+            return self.target_layers / self.layers
+        return 1.0
 
     @classmethod
     def load(cls, folder: Path | None = None) -> Curves:
         """Every sensitivity.json under folder (one per type)."""
         folder = Path(folder or CURVES_DIR)
         kl: dict[str, dict[str, float]] = {}
+        layers = 0
         files = sorted(folder.glob("**/sensitivity.json"))
         if not files:
             raise PlanError(f"{folder}: no sensitivity.json (run `clover-gguf eval sensitivity --type ...`)")
@@ -50,7 +68,8 @@ class Curves:
             t = quants.TYPE_ALIASES.get(t, t)
             for row in run["groups"]:
                 kl.setdefault(row["group"], {})[t] = max(0.0, float(row["overall"]["kl_mean"]))
-        return cls(kl, str(folder))
+            layers = layers or _reference_layers(run["config"].get("reference"), f)
+        return cls(kl, str(folder), layers)
 
     def predict(self, group: str, t: str) -> float:
         if t in LOSSLESS:
@@ -61,12 +80,28 @@ class Curves:
         b = _bpw(t)
         if t in pts:
             # monotone in bits: a type never predicts less KL than any measured wider one
-            return max([pts[t]] + [v for u, v in pts.items() if _bpw(u) >= b])
-        near = min(pts, key=lambda u: abs(_bpw(u) - b))
-        return pts[near] * 2.0 ** (2 * (_bpw(near) - b))
+            kl = max([pts[t]] + [v for u, v in pts.items() if _bpw(u) >= b])
+        else:
+            near = min(pts, key=lambda u: abs(_bpw(u) - b))
+            kl = pts[near] * 2.0 ** (2 * (_bpw(near) - b))
+        return kl * self.scale(group)
 
     def predict_recipe(self, gt: GroupTypes) -> float:
         return sum(self.predict(g, t) for g, t in gt.types)
+
+
+def _reference_layers(ref, run_file: Path) -> int:
+    """num_hidden_layers of the sensitivity run's reference model (0 when unknown)."""
+    if not ref:
+        return 0
+    for base in (Path(ref), Path(__file__).resolve().parents[2] / ref):
+        cfg = base / "config.json"
+        if cfg.is_file():
+            try:
+                return int(json.loads(cfg.read_text())["num_hidden_layers"])
+            except (ValueError, KeyError, TypeError):
+                return 0
+    return 0
 
 
 def _group_sizes(src: Source, expert_candidates=EXPERT_CANDIDATES) -> tuple[dict[str, dict[str, int]], int, int]:
@@ -110,7 +145,7 @@ def fit_budget(
 ) -> Fit:
     """The recipe with the least predicted KL whose file (tensors + header estimate + reserve)
     is at most ``budget`` bytes."""
-    curves = curves or Curves.load()
+    curves = (curves or Curves.load()).for_layers(src.config.num_hidden_layers)
     sizes, fixed, n_tensors = _group_sizes(src, expert_candidates)
     room = budget - reserve - fixed - header_bytes_estimate(src.config, n_tensors)
     per_group = []

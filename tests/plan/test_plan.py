@@ -133,6 +133,14 @@ def test_curves_monotone_and_extrapolated():
     assert c.predict("experts_down", "bf16") == 0.0
 
 
+def test_curves_scale_per_layer_groups_with_depth():
+    c = Curves({"attention": {"q4_k": 0.001}, "output": {"q4_k": 0.002}}, "test", layers=4).for_layers(40)
+    assert c.predict("attention", "q4_k") == pytest.approx(0.01)
+    assert c.predict("output", "q4_k") == pytest.approx(0.002)
+    # the committed clover-tiny curves know their model's depth
+    assert Curves.load().layers == 4
+
+
 def test_touched_fraction():
     assert cost.touched_fraction(8, 256, 1) == pytest.approx(8 / 256)
     assert cost.touched_fraction(8, 256, 32) == pytest.approx(0.638, abs=1e-3)
