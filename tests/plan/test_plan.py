@@ -219,3 +219,51 @@ def test_fit_real_file_within_budget(tmp_path):
     assert any(n.startswith("fit: total") for n in notes)
     dry = convert(TINY, None, recipe="fit:9MiB", dry_run=True, log=lambda *a: None).plan
     assert [e.qtype for e in dry.entries] == [e.qtype for e in res.plan.entries]
+
+
+def _sparse_checkpoint(folder: Path, shape: str) -> Path:
+    """A BF16 checkpoint of a preset's full shapes whose data is a hole: the converter's dry run
+    reads headers only, so the 35B model's 67 GB cost no disk."""
+    import struct
+
+    from clover_gguf.config import preset
+
+    cfg = preset(shape)
+    header, off = {}, 0
+    for name, shp in cfg.expected_tensors(fused=True).items():
+        n = 2
+        for s in shp:
+            n *= s
+        header[name] = {"dtype": "BF16", "shape": list(shp), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + off)
+    return folder
+
+
+def test_35b_plan_sizes_equal_convert_dry_run(tmp_path):
+    """The acceptance check: every option of the 16 GiB plan for the 40-layer 35B shapes has
+    the tensor bytes `convert --dry-run` reports for its convert line's options."""
+    import shlex
+
+    ck = _sparse_checkpoint(tmp_path / "c35", "clover-35b-a3b")
+    p = make_plan(open_source(None, "clover-35b-a3b"), vram=16 * 2**30, gpu="rtx5070ti")
+    seen = set()
+    for o in p["options"]:
+        args = shlex.split(o["convert"])
+        if tuple(args[5:]) in seen:
+            continue
+        seen.add(tuple(args[5:]))
+        tts = [args[i + 1] for i in range(len(args)) if args[i] == "--tensor-type"]
+        ex, out = args[args.index("--experts") + 1], args[args.index("--outtype") + 1]
+        # sizes do not depend on the imatrix; a stand-in lets the IQ2 types plan without one
+        if "--imatrix" in args and "iq2_s" in args:
+            continue
+        plan = convert(ck, None, outtype=out, experts=ex, tensor_types=tts, dry_run=True).plan
+        assert plan.total_bytes == o["tensor_bytes"], o["name"]
+    assert len(seen) >= 4
