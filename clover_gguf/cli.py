@@ -475,11 +475,13 @@ def plan_cmd(
         if list_gpus:
             click.echo(table())
             return
-        cal_path = Path(calibration) if calibration else default_calibration_path()
+        cal_path = Path(calibration) if calibration else None
         th = threads or default_threads()
         if calibrate_files:
-            cal = C.calibrate(calibrate_files, th, cal_path, log=lambda m: click.echo(m, err=True))
-            click.echo(f"wrote {cal_path}: c0 {cal.c0_ms:.3f} ms, {cal.c_layer_ms:.3f} ms/layer, "
+            cal = C.calibrate(
+                calibrate_files, th, cal_path or default_calibration_path(), log=lambda m: click.echo(m, err=True)
+            )
+            click.echo(f"wrote {cal_path or default_calibration_path()}: c0 {cal.c0_ms:.3f} ms, {cal.c_layer_ms:.3f} ms/layer, "
                        f"{cal.bw_gbs:.2f} GB/s, {cal.gmacs:.2f} GMAC/s dense, {cal.gmacs_experts:.2f} GMAC/s experts")  # fmt: skip
         if validate_files:
             tab = C.validate(validate_files, th, CpuCalibration.load(cal_path))

@@ -74,6 +74,9 @@ class CpuCalibration:
     @classmethod
     def load(cls, path: Path | None = None) -> CpuCalibration:
         p = Path(path) if path else default_calibration_path()
+        if not p.is_file() and path is None and REFERENCE_CALIBRATION.is_file():
+            # no measurement of this machine yet: the project's reference machine's
+            p = REFERENCE_CALIBRATION
         if not p.is_file():
             return cls()
         try:
@@ -83,6 +86,9 @@ class CpuCalibration:
             from .sizes import PlanError
 
             raise PlanError(f"{p}: not a calibration file ({e})") from None
+
+
+REFERENCE_CALIBRATION = Path(__file__).resolve().parents[2] / "evaldata" / "plan" / "cpu-calibration.json"
 
 
 def default_calibration_path() -> Path:

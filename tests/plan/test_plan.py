@@ -267,3 +267,16 @@ def test_35b_plan_sizes_equal_convert_dry_run(tmp_path):
         plan = convert(ck, None, outtype=out, experts=ex, tensor_types=tts, dry_run=True).plan
         assert plan.total_bytes == o["tensor_bytes"], o["name"]
     assert len(seen) >= 4
+
+
+def test_write_recipe_and_bad_calibration(tmp_path):
+    out = tmp_path / "fit.json"
+    args = ["plan", "--shape", "clover-35b-a3b", "--gpu", "rtx5070ti", "--write-recipe", str(out)]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    rec = json.loads(out.read_text())
+    assert rec["convert"].startswith("clover-gguf convert ") and set(rec["types"]) >= {"experts_gate_up", "output"}
+    bad = tmp_path / "cal.json"
+    bad.write_text("{not json")
+    r = CliRunner().invoke(cli, ["plan", "--shape", "clover-35b-a3b", "--gpu", "rtx5070ti", "--calibration", str(bad)])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "not a calibration file" in r.output
