@@ -69,7 +69,10 @@ class Curves:
             for row in run["groups"]:
                 kl.setdefault(row["group"], {})[t] = max(0.0, float(row["overall"]["kl_mean"]))
             layers = layers or _reference_layers(run["config"].get("reference"), f)
-        return cls(kl, str(folder), layers)
+        root = Path(__file__).resolve().parents[2]
+        shown = folder.resolve()
+        shown = shown.relative_to(root) if shown.is_relative_to(root) else shown
+        return cls(kl, str(shown), layers)
 
     def predict(self, group: str, t: str) -> float:
         if t in LOSSLESS:
