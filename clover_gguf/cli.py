@@ -238,7 +238,11 @@ def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gg
 def _recipe_help() -> str:
     from .convert.recipes import RECIPES
 
-    return "Named recipe: " + "; ".join(f"{r.name} ({r.description})" for r in RECIPES.values()) + "."
+    return (
+        "Named recipe: "
+        + "; ".join(f"{r.name} ({r.description})" for r in RECIPES.values())
+        + "; or fit:SIZE (e.g. fit:16GiB): the types with the least predicted KL whose file fits SIZE (docs/plan.md)."
+    )
 
 
 @cli.command("convert")

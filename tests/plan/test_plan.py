@@ -280,3 +280,13 @@ def test_write_recipe_and_bad_calibration(tmp_path):
     bad.write_text("{not json")
     r = CliRunner().invoke(cli, ["plan", "--shape", "clover-35b-a3b", "--gpu", "rtx5070ti", "--calibration", str(bad)])
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "not a calibration file" in r.output
+
+
+@pytest.mark.parametrize(
+    "extra,msg",
+    [(["--recipe", "fit:abc"], "expected a size"), (["--recipe", "fit:8MiB", "--experts", "q4_k"], "chooses every")],
+)
+def test_convert_fit_bad_options_one_line(extra, msg):
+    r = CliRunner().invoke(cli, ["convert", str(TINY), "--dry-run", *extra])
+    assert r.exit_code != 0
+    assert len(r.output.strip().splitlines()) == 1 and msg in r.output, r.output
