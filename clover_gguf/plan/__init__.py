@@ -50,14 +50,14 @@ class Option:
     kind: str  # "vram" | "split" | "fit"
     types: GroupTypes
     cpu_layers: list[int] = field(default_factory=list)
-    d: dict = field(default_factory=dict)
 
 
-def _device(gpu: GPU | None, vram: int | None, bandwidth: float | None) -> cost.Device:
+def _device(gpu: GPU | None, bandwidth: float | None) -> cost.Device:
     if gpu is not None:
         return cost.Device(gpu.name, bandwidth or gpu.bandwidth_gbs, gpu.tflops, gpu.pcie_gbs)
     if bandwidth is None:
         raise PlanError("give --gpu NAME or --bandwidth GB/s (the speed model needs the memory bandwidth)")
+    # an unknown card: PCIe 4.0 x16 and a mid-range compute figure
     return cost.Device(f"GPU at {bandwidth:g} GB/s", bandwidth, 100.0, 0.8 * 1.969 * 16)
 
 
@@ -78,7 +78,7 @@ def make_plan(
         if g is None:
             raise PlanError("give --vram SIZE or --gpu NAME")
         vram = g.vram_bytes
-    dev = _device(g, vram, bandwidth)
+    dev = _device(g, bandwidth)
     cfg = src.config
     curves = (curves or Curves.load()).for_layers(cfg.num_hidden_layers)
     cpu = calibration or cost.CpuCalibration.load()
@@ -100,7 +100,6 @@ def make_plan(
     q4 = _q4_k_m()
     q4plan = exact_plan(src, q4)
     per_layer = expert_layer_bytes(q4plan)
-    hdr = header_bytes_estimate(cfg, len(q4plan.entries))
     need = q4plan.total_bytes - budget_vram
     if need > 0:
         n, moved = 0, 0
