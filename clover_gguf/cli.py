@@ -105,6 +105,14 @@ MAX_BLOCK = 1024  # limits.py: diffusion.block_size
 )
 @click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading (.gguf only).")
 @click.option(
+    "-ot",
+    "--override-tensor",
+    "override_tensor",
+    multiple=True,
+    metavar="REGEX=CPU",
+    help="Keep tensors whose name matches REGEX in CPU memory, as llama.cpp's -ot (repeatable; .gguf only).",
+)
+@click.option(
     "--dtype",
     type=click.Choice(["float32", "bfloat16"]),
     default="float32",
@@ -131,6 +139,7 @@ def run_cmd(
     threads,
     n_gpu_layers,
     experts_on_cpu,
+    override_tensor,
     dtype,
     as_json,
     debug,
@@ -171,6 +180,7 @@ def run_cmd(
             threads=threads,
             n_gpu_layers=n_gpu_layers,
             experts_on_cpu=experts_on_cpu,
+            override_tensor=override_tensor,
             dtype=dtype,
         )
     except (ValueError, ConfigError, RuntimeError_, RuntimeNotBuilt) as e:
@@ -228,7 +238,11 @@ def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gg
 def _recipe_help() -> str:
     from .convert.recipes import RECIPES
 
-    return "Named recipe: " + "; ".join(f"{r.name} ({r.description})" for r in RECIPES.values()) + "."
+    return (
+        "Named recipe: "
+        + "; ".join(f"{r.name} ({r.description})" for r in RECIPES.values())
+        + "; or fit:SIZE (e.g. fit:16GiB): the types with the least predicted KL whose file fits SIZE (docs/plan.md)."
+    )
 
 
 @cli.command("convert")
@@ -242,7 +256,8 @@ def _recipe_help() -> str:
 @click.option(
     "--experts",
     type=click.Choice(
-        ["q4_k", "q4_0", "q4_1", "iq4_nl", "iq4_xs", "mxfp4", "q5_k", "q6_k", "q8_0", "bf16", "f16", "f32"],
+        ["q4_k", "q4_0", "q4_1", "iq4_nl", "iq4_xs", "mxfp4", "q5_k", "q6_k", "q8_0", "bf16", "f16", "f32"]
+        + ["q3_k", "q2_k", "iq3_s", "iq2_s", "iq2_m"],
         case_sensitive=False,
     ),
     help="Type of the routed experts [default: q4_k].",
@@ -400,6 +415,110 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
     except (ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {out}: {len(im.entries)} entries, {im.chunk_count} chunks of {im.chunk_size} tokens")
+
+
+# --- plan ---------------------------------------------------------------------------------
+
+
+@cli.command("plan")
+@click.argument("model", required=False, type=click.Path())
+@click.option("--shape", help="Plan for a preset's shapes instead of a model (clover-35b-a3b, clover-tiny).")
+@click.option("--vram", help="GPU memory, e.g. 16GiB [default: the --gpu's].")
+@click.option("--ram", help="Host memory for CPU-resident experts, e.g. 64GiB.")
+@click.option("--gpu", help="A GPU of the table (`--gpus` lists them), e.g. rtx5070ti.")
+@click.option("--bandwidth", type=Finite(1, 1e5), help="GPU memory bandwidth in GB/s (instead of --gpu).")
+@click.option(
+    "--context", type=click.IntRange(1, 1 << 24), help="Context length (Clover's state does not grow with it)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option(
+    "--write-recipe", type=click.Path(dir_okay=False), help="Write the fit recipe (types, convert options) as JSON."
+)
+@click.option("--curves", type=click.Path(exists=True, file_okay=False), help="Sensitivity curves folder.")
+@click.option("--calibration", type=click.Path(dir_okay=False), help="CPU calibration JSON [default: the cache's].")
+@click.option(
+    "--calibrate",
+    "calibrate_files",
+    multiple=True,
+    type=click.Path(),
+    help="Measure this machine on these GGUFs and write --calibration.",
+)
+@click.option(
+    "--validate",
+    "validate_files",
+    multiple=True,
+    type=click.Path(),
+    help="Print the cost model's error on these GGUFs (CPU).",
+)
+@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads for --calibrate/--validate.")
+@click.option("--gpus", "list_gpus", is_flag=True, help="List the GPU table and exit.")
+def plan_cmd(
+    model, shape, vram, ram, gpu, bandwidth, context, as_json, write_recipe, curves, calibration,
+    calibrate_files, validate_files, threads, list_gpus,
+):  # fmt: skip
+    """Options that fit a GPU: recipe, exact sizes, VRAM/RAM placement, predicted tok/s at 4
+    and 8 tokens per step, predicted KL, and the convert/run lines. docs/plan.md.
+
+    \b
+    clover-gguf plan --shape clover-35b-a3b --gpu rtx5070ti
+    clover-gguf plan models/clover-tiny --vram 16GiB --bandwidth 896 --json
+    clover-gguf plan --calibrate out/tiny.gguf --calibrate out/c35-1l.gguf
+    """
+    import json as _json
+    from pathlib import Path
+
+    from .plan import PlanError, format_plan, make_plan
+    from .plan import calibrate as C
+    from .plan.cost import CpuCalibration, default_calibration_path
+    from .plan.fit import Curves
+    from .plan.gpus import table
+    from .plan.sizes import open_source, parse_size
+    from .util import default_threads
+
+    try:
+        if list_gpus:
+            click.echo(table())
+            return
+        cal_path = Path(calibration) if calibration else None
+        th = threads or default_threads()
+        if calibrate_files:
+            cal = C.calibrate(
+                calibrate_files, th, cal_path or default_calibration_path(), log=lambda m: click.echo(m, err=True)
+            )
+            click.echo(f"wrote {cal_path or default_calibration_path()}: c0 {cal.c0_ms:.3f} ms, {cal.c_layer_ms:.3f} ms/layer, "
+                       f"{cal.bw_gbs:.2f} GB/s, {cal.gmacs:.2f} GMAC/s dense, {cal.gmacs_experts:.2f} GMAC/s experts")  # fmt: skip
+        if validate_files:
+            tab = C.validate(validate_files, th, CpuCalibration.load(cal_path))
+            click.echo(_json.dumps(tab, indent=1) if as_json else C.format_table(tab))
+        if calibrate_files or validate_files:
+            return
+        src = open_source(model, shape)
+        p = make_plan(
+            src,
+            vram=parse_size(vram, "--vram") if vram else None,
+            ram=parse_size(ram, "--ram") if ram else None,
+            gpu=gpu,
+            bandwidth=bandwidth,
+            context=context,
+            curves=Curves.load(curves) if curves else None,
+            calibration=CpuCalibration.load(cal_path),
+        )
+        if write_recipe:
+            fit = p["fit"]
+            if fit is None:
+                raise PlanError("no fit recipe fits this VRAM")
+            opt = next(o for o in p["options"] if o["kind"] == "fit")
+            Path(write_recipe).write_text(
+                _json.dumps(
+                    {"budget_bytes": fit["budget_bytes"], "types": opt["types"], "convert": opt["convert"]}, indent=1
+                )
+                + "\n"
+            )
+        click.echo(_json.dumps(p, indent=1) if as_json else format_plan(p))
+    except (PlanError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{e.filename or model}: {e.strerror or e}") from None
 
 
 # --- serve --------------------------------------------------------------------------------

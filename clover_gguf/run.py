@@ -82,6 +82,7 @@ def run(
     threads: int | None = None,
     n_gpu_layers: int = 0,
     experts_on_cpu: bool = False,
+    override_tensor=(),
     dtype: str = "float32",
     on_block=None,
 ) -> RunOutput:
@@ -99,9 +100,13 @@ def run(
         seed=seed,
     )
     if model.suffix == ".gguf":
+        from .runtime.bindings import parse_override
         from .runtime.runtime import CloverRuntime
 
-        rt = CloverRuntime(model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu)
+        cpu_tensors = [parse_override(s) for s in override_tensor]
+        rt = CloverRuntime(
+            model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu, cpu_tensors=cpu_tensors
+        )
         check_request(prompt, None, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
         text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt
         ids = list(prompt_ids) if prompt_ids is not None else rt.tokenize(text)

@@ -85,8 +85,8 @@ def convert(
         raise ConvertError(f"--threads {threads}: must be at least 1")
     model_dir = Path(model_dir)
     ck = _open_checkpoint(model_dir)
-    rules = _type_rules(outtype, experts, tensor_types, recipe)
     im = _load_imatrix(imatrix) if imatrix is not None else None
+    rules = _type_rules(outtype, experts, tensor_types, recipe, ck, im is not None, log)
 
     plan = build_plan(ck, rules, im, backend)
     if im is not None:
@@ -127,11 +127,32 @@ def _open_checkpoint(model_dir: Path) -> Checkpoint:
     return ck
 
 
-def _type_rules(outtype, experts, tensor_types, recipe) -> TypeRules:
+def _type_rules(outtype, experts, tensor_types, recipe, ck=None, with_imatrix=False, log=print) -> TypeRules:
+    from ..plan.fit import parse_fit_recipe
+
     try:
-        return TypeRules.make(outtype, experts, tensor_types, recipe)
-    except ValueError as e:
+        budget = parse_fit_recipe(recipe)
+        if budget is None:
+            return TypeRules.make(outtype, experts, tensor_types, recipe)
+        if outtype or experts or tensor_types:
+            raise ValueError(f"--recipe {recipe} chooses every group's type: drop --outtype/--experts/--tensor-type")
+        return _fit_rules(ck, recipe, budget, with_imatrix, log)
+    except ValueError as e:  # PlanError is one
         raise ConvertError(str(e)) from None
+
+
+def _fit_rules(ck, recipe: str, budget: int, with_imatrix: bool, log) -> TypeRules:
+    """The budget recipe (plan.fit) for this checkpoint; without an imatrix, no type that needs one."""
+    from ..plan import fit as F
+    from ..plan.sizes import Source
+
+    cands = F.EXPERT_CANDIDATES if with_imatrix else tuple(t for t in F.EXPERT_CANDIDATES if t != "iq2_s")
+    res = F.fit_budget(Source(ck.config, str(ck.dir), str(ck.dir), ck), budget, expert_candidates=cands)
+    for line in res.format().splitlines():
+        log(f"fit: {line}")
+    rules = res.types.rules()
+    rules.recipe = recipe
+    return rules
 
 
 def _load_imatrix(path):

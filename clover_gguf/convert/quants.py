@@ -44,11 +44,18 @@ TYPE_NAMES: dict[str, GGMLQuantizationType] = {
     "q6_k": Q.Q6_K,
     "iq4_nl": Q.IQ4_NL,
     "iq4_xs": Q.IQ4_XS,
+    "iq3_s": Q.IQ3_S,
+    "iq2_s": Q.IQ2_S,
     "mxfp4": Q.MXFP4,
 }
+# llama.cpp's IQ2_M file type stores its experts as IQ2_S; the name users know is accepted
+TYPE_ALIASES: dict[str, str] = {"iq2_m": "iq2_s"}
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
-EXPERT_TYPES = ("q4_k", "q4_0", "q4_1", "iq4_nl", "iq4_xs", "mxfp4", "q5_k", "q6_k", "q8_0", "bf16", "f16", "f32")
+EXPERT_TYPES = (
+    "q4_k", "q4_0", "q4_1", "iq4_nl", "iq4_xs", "mxfp4", "q5_k", "q6_k", "q8_0", "bf16", "f16", "f32",
+    "q3_k", "q2_k", "iq3_s", "iq2_s", "iq2_m",
+)  # fmt: skip
 
 FLOAT_TYPES = frozenset({Q.F32, Q.F16, Q.BF16})
 # numpy (gguf-py) quantizers that are bit-exact with ggml's reference quantizer
@@ -60,6 +67,8 @@ IMATRIX_IGNORED = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.MXFP4})
 # type's block, use this 32-block type; if that still does not fit, F16.
 FALLBACK: dict[GGMLQuantizationType, GGMLQuantizationType] = {
     Q.IQ4_XS: Q.IQ4_NL,
+    Q.IQ3_S: Q.IQ4_NL,
+    Q.IQ2_S: Q.IQ4_NL,
     Q.Q2_K: Q.Q4_0,
     Q.Q3_K: Q.Q4_0,
     Q.Q4_K: Q.Q5_0,
@@ -76,6 +85,7 @@ def parse_type(name: str | GGMLQuantizationType) -> GGMLQuantizationType:
     if isinstance(name, GGMLQuantizationType):
         return name
     key = str(name).strip().lower()
+    key = TYPE_ALIASES.get(key, key)
     if key not in TYPE_NAMES:
         raise ValueError(f"unknown tensor type {name!r}; known: {', '.join(TYPE_NAMES)}")
     return TYPE_NAMES[key]
@@ -137,8 +147,9 @@ def uses_imatrix(qt: GGMLQuantizationType) -> bool:
 
 
 def requires_imatrix(qt: GGMLQuantizationType) -> bool:
-    """ggml_quantize_requires_imatrix (IQ2/IQ1 families); answered without libggml."""
-    return qt in (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ1_S, Q.IQ1_M)
+    """llama-quantize's tensor_requires_imatrix (IQ1/IQ2 families and IQ3_XXS: without one
+    they are unusable); answered without libggml."""
+    return qt in (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ1_S, Q.IQ1_M)
 
 
 def backend_for(qt: GGMLQuantizationType, with_imatrix: bool = False, backend: str = "auto") -> str:

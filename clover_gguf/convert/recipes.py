@@ -175,5 +175,10 @@ class TypeRules:
             "bf16": F.MOSTLY_BF16,
             "f16": F.MOSTLY_F16,
             "f32": F.ALL_F32,
+            "q3_k": F.MOSTLY_Q3_K_M,
+            "q2_k": F.MOSTLY_Q2_K,
+            "iq3_s": F.MOSTLY_IQ3_S,
+            "iq2_s": F.MOSTLY_IQ2_M,  # llama.cpp's IQ2_M files hold IQ2_S experts
+            "iq2_m": F.MOSTLY_IQ2_M,
         }
         return int(m[self.experts])

@@ -342,7 +342,13 @@ def passes_cmd(layers, threads, heads, rounds, n_gpu_layers, work, out_dir):
 
 @eval_group.command("sensitivity")
 @click.option("--reference", required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--type", "qtype", default="q4_k", show_default=True, help="Type given to one group at a time.")
+@click.option(
+    "--type",
+    "qtypes",
+    multiple=True,
+    help="Type given to one group at a time [default: q4_k]; repeatable: one run per type under OUT/TYPE/.",
+)
+@click.option("--imatrix", type=click.Path(exists=True, dir_okay=False), help="GGUF imatrix for the quantized group.")
 @click.option("--base", default="bf16", show_default=True, help="Type of every other 2-D weight.")
 @click.option(
     "--group",
@@ -356,23 +362,45 @@ def passes_cmd(layers, threads, heads, rounds, n_gpu_layers, work, out_dir):
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/sensitivity", show_default=True)
 @one_line_errors
 def sensitivity_cmd(
-    reference, qtype, base, groups, corpus, n_windows, n_blocks, block_size, ratios, seed, top_k, threads, keep, out_dir
+    reference,
+    qtypes,
+    imatrix,
+    base,
+    groups,
+    corpus,
+    n_windows,
+    n_blocks,
+    block_size,
+    ratios,
+    seed,
+    top_k,
+    threads,
+    keep,
+    out_dir,
 ):
-    """KL and bytes of each tensor group quantized alone."""
+    """KL and bytes of each tensor group quantized alone (per type: the curves `plan` and
+    `--recipe fit:SIZE` use)."""
+    from ..convert import quants
     from .report import render
-    from .sensitivity import DEFAULT_GROUPS, run_sensitivity
+    from .sensitivity import DEFAULT_GROUPS, DEFAULT_QTYPE, run_sensitivity
 
-    run_sensitivity(
-        reference,
-        out_dir,
-        tuple(groups) or DEFAULT_GROUPS,
-        qtype,
-        base,
-        keep=keep,
-        sampling=_sampling(corpus, n_windows, n_blocks, block_size, ratios, seed, top_k),
-        threads=threads,
-    )
-    click.echo(f"wrote {render(Path(out_dir) / 'sensitivity.json')}")
+    qtypes = list(qtypes) or [DEFAULT_QTYPE]
+    for t in qtypes:
+        quants.parse_type(t)  # a bad name fails before any conversion
+    for t in qtypes:
+        d = Path(out_dir) / t if len(qtypes) > 1 else Path(out_dir)
+        run_sensitivity(
+            reference,
+            d,
+            tuple(groups) or DEFAULT_GROUPS,
+            t,
+            base,
+            keep=keep,
+            sampling=_sampling(corpus, n_windows, n_blocks, block_size, ratios, seed, top_k),
+            threads=threads,
+            imatrix=imatrix,
+        )
+        click.echo(f"wrote {render(d / 'sensitivity.json')}")
 
 
 @eval_group.command("baseline")

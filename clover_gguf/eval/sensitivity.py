@@ -46,9 +46,11 @@ def run_sensitivity(
     log=print,
     sampling: Sampling | None = None,
     threads: int | None = None,
+    imatrix=None,
 ) -> dict:
     """Convert one file per group, score them (quality.Sampling, no generation), return the
-    sensitivity run (also written to ``out_dir/sensitivity.json``)."""
+    sensitivity run (also written to ``out_dir/sensitivity.json``). ``imatrix``: a GGUF
+    imatrix weighting the group's quantization (the IQ2 types need one)."""
     from ..convert.converter import convert
 
     t0 = time.perf_counter()
@@ -73,6 +75,7 @@ def run_sensitivity(
                 outtype=base,
                 experts=base,
                 tensor_types=[(TENSOR_GROUPS[g], qtype)],
+                imatrix=imatrix,
                 progress=False,
                 log=lambda *a, **k: None,
             )
@@ -125,6 +128,7 @@ def run_sensitivity(
             **q["config"],
             "qtype": qtype,
             "base": base,
+            "imatrix": str(imatrix) if imatrix else None,
             "groups": list(groups),
             "provider": "reference-dequant",
             "group_regex": {g: TENSOR_GROUPS[g] for g in groups},

@@ -280,24 +280,43 @@ def log_capture(lib: _Lib, verbose: bool = False) -> LogCapture:
 EXPERT_PATTERN = r"\.ffn_(up|down|gate|gate_up)_exps"
 
 
-def model_params(lib: _Lib, n_gpu_layers: int = 0, experts_on_cpu: bool = False, keep: list | None = None):
-    """llama_model_params with n_gpu_layers and, when experts_on_cpu, a tensor buffer-type
-    override keeping the routed experts in CPU memory (llama.cpp's --cpu-moe). `keep` receives
-    the ctypes objects that must outlive the load."""
+def parse_override(spec: str) -> str:
+    """'REGEX=CPU' (llama.cpp's -ot, CPU buffers only) -> REGEX; ValueError otherwise."""
+    import re
+
+    pat, sep, buft = spec.rpartition("=")
+    if not sep or not pat or buft.upper() != "CPU":
+        raise ValueError(f"-ot {spec!r}: expected REGEX=CPU (only CPU overrides are supported)")
+    try:
+        re.compile(pat)
+    except re.error as e:
+        raise ValueError(f"-ot {spec!r}: bad regex ({e})") from None
+    return pat
+
+
+def model_params(
+    lib: _Lib, n_gpu_layers: int = 0, experts_on_cpu: bool = False, keep: list | None = None, cpu_tensors=()
+):
+    """llama_model_params with n_gpu_layers and tensor buffer-type overrides keeping tensors in
+    CPU memory: the routed experts when experts_on_cpu (llama.cpp's --cpu-moe), and those whose
+    name matches a regex of cpu_tensors (llama.cpp's -ot REGEX=CPU). `keep` receives the ctypes
+    objects that must outlive the load."""
     lc = lib.lc
     p = lc.llama_model_default_params()
     p.n_gpu_layers = int(n_gpu_layers)
     p.check_tensors = True  # NaN/Inf weights fail the load instead of generating garbage
-    if experts_on_cpu:
-        arr = (llama_model_tensor_buft_override * 2)()
-        pat = EXPERT_PATTERN.encode()
-        arr[0].pattern = pat
-        arr[0].buft = lib.cpu_buffer_type()
-        arr[1].pattern = None
-        arr[1].buft = None
+    pats = ([EXPERT_PATTERN] if experts_on_cpu else []) + list(cpu_tensors)
+    if pats:
+        arr = (llama_model_tensor_buft_override * (len(pats) + 1))()
+        enc = [x.encode() for x in pats]
+        for i, x in enumerate(enc):
+            arr[i].pattern = x
+            arr[i].buft = lib.cpu_buffer_type()
+        arr[len(pats)].pattern = None
+        arr[len(pats)].buft = None
         p.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
         if keep is not None:
-            keep += [arr, pat]
+            keep += [arr, *enc]
     return p
 
 

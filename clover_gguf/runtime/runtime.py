@@ -46,6 +46,7 @@ class CloverRuntime:
         n_gpu_layers: int = 0,
         experts_on_cpu: bool = False,
         n_ctx: int = 0,
+        cpu_tensors=(),
         n_batch: int | None = None,
         n_ubatch: int | None = None,
         n_seq_max: int = 1,
@@ -58,7 +59,7 @@ class CloverRuntime:
         self._log = B.log_capture(self._lib, verbose=not quiet)
         lc = self._lib.lc
         self._keep: list = []
-        mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep)
+        mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep, cpu_tensors)
         self._log.mark()
         self._log.overrides.clear()
         with B.stderr_silenced(not self._log.verbose):

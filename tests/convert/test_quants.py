@@ -69,6 +69,11 @@ REL_RMSE = {
     "iq4_nl": 0.12,
     "iq4_xs": 0.12,
     "mxfp4": 0.2,
+    "q3_k": 0.25,
+    "q2_k": 0.45,
+    "iq3_s": 0.25,
+    "iq2_s": 0.4,
+    "iq2_m": 0.4,
     "bf16": 0.005,
     "f16": 0.001,
     "f32": 0.0,
@@ -81,7 +86,9 @@ def test_ggml_quantize_then_gguf_py_dequantize(t):
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((128, 512)) * 0.02).astype(np.float32)
     qt = quants.parse_type(t)
-    q = quants.quantize_rows(x, qt, backend="ggml")
+    # the IQ2 types need an importance matrix (uniform here)
+    im = np.ones(512, np.float32) if quants.requires_imatrix(qt) else None
+    q = quants.quantize_rows(x, qt, im, backend="ggml")
     assert q.shape == (128, quants.row_bytes(qt, 512))
     y = quants.dequantize(q, qt, x.shape)
     rel = np.sqrt(np.mean((y - x) ** 2)) / np.sqrt(np.mean(x**2))
@@ -108,6 +115,9 @@ def test_fallback_rule_matches_llama_cpp():
     assert f(Q.Q5_K, 96)[0] == Q.Q5_1
     assert f(Q.Q6_K, 32)[0] == Q.Q8_0
     assert f(Q.IQ4_XS, 64)[0] == Q.IQ4_NL
+    assert f(Q.IQ3_S, 64)[0] == Q.IQ4_NL
+    assert f(Q.IQ2_S, 96)[0] == Q.IQ4_NL
+    assert f(Q.Q3_K, 64)[0] == Q.Q4_0
     assert f(Q.Q4_K, 48)[0] == Q.F16  # fallback still does not fit -> F16
     assert f(Q.Q8_0, 48)[0] == Q.F16  # 32-block type that does not fit
     assert f(Q.MXFP4, 64) == (Q.MXFP4, None)
@@ -122,7 +132,8 @@ def test_row_sizes_agree_with_ggml():
         qt = quants.parse_type(t)
         assert quants.row_bytes(qt, 512) == lib.row_size(int(qt), 512), t
         assert quants.block_size(qt) == lib.blck_size(int(qt)), t
-        assert quants.requires_imatrix(qt) == lib.requires_imatrix(int(qt)), t
+        # llama-quantize's rule is ggml's plus IQ2_S/IQ3_XXS
+        assert quants.requires_imatrix(qt) == (lib.requires_imatrix(int(qt)) or qt in (Q.IQ2_S, Q.IQ3_XXS)), t
 
 
 def test_missing_libggml_message(no_ggml):
