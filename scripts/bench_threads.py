@@ -51,7 +51,15 @@ def worker(gguf: str, threads: int, reps: int) -> None:
         t = time.perf_counter()
         rt.block_candidates(blk, 0.0, step_key(0, 0, r))
         ts.append((time.perf_counter() - t) * 1e3)
-    print(json.dumps({"median_ms": statistics.median(ts), "p10": sorted(ts)[len(ts) // 10], "p90": sorted(ts)[-1 - len(ts) // 10]}))
+    print(
+        json.dumps(
+            {
+                "median_ms": statistics.median(ts),
+                "p10": sorted(ts)[len(ts) // 10],
+                "p90": sorted(ts)[-1 - len(ts) // 10],
+            }
+        )
+    )
 
 
 def models(names: list[str], work: Path) -> dict[str, Path]:
@@ -68,7 +76,9 @@ def models(names: list[str], work: Path) -> dict[str, Path]:
             if n == "tiny":
                 convert(DEFAULT_MODEL, p, recipe="q4_k", progress=False, log=lambda *a, **k: None)
             else:
-                write_synthetic_gguf(p, preset("clover-35b-a3b"), layers=2, outtype="q8_0", experts="q4_k", progress=False)
+                write_synthetic_gguf(
+                    p, preset("clover-35b-a3b"), layers=2, outtype="q8_0", experts="q4_k", progress=False
+                )
         out[n] = p
     return out
 
@@ -95,25 +105,45 @@ def main():
                 for pol, env in POLICIES.items():
                     res = {}
                     for th in (1, 2):
-                        r = subprocess.run([sys.executable, __file__, "--worker", str(gguf), str(th), str(a.reps)],
-                                           env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
-                        res[th] = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": r.stderr[-500:]}
+                        r = subprocess.run(
+                            [sys.executable, __file__, "--worker", str(gguf), str(th), str(a.reps)],
+                            env={**os.environ, **env},
+                            capture_output=True,
+                            text=True,
+                            timeout=900,
+                        )
+                        res[th] = (
+                            json.loads(r.stdout.strip().splitlines()[-1])
+                            if r.returncode == 0
+                            else {"error": r.stderr[-500:]}
+                        )
                     row = {"model": name, "busy_core": busy, "policy": pol, "1": res[1], "2": res[2]}
                     rows.append(row)
-                    print(f"{name:8s} {'busy' if busy else 'quiet':5s} {pol:25s} 1 thread {res[1].get('median_ms', float('nan')):8.2f} ms"
-                          f"   2 threads {res[2].get('median_ms', float('nan')):8.2f} ms", flush=True)
+                    print(
+                        f"{name:8s} {'busy' if busy else 'quiet':5s} {pol:25s} 1 thread {res[1].get('median_ms', float('nan')):8.2f} ms"
+                        f"   2 threads {res[2].get('median_ms', float('nan')):8.2f} ms",
+                        flush=True,
+                    )
         finally:
             if spinner:
                 spinner.kill()
                 spinner.wait()
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "threads.json").write_text(json.dumps({"environment": environment(2), "rows": rows}, indent=1) + "\n")
-    md = ["| model | other process on core 0 | OpenMP policy | 1 thread ms/step [p10–p90] | 2 threads ms/step [p10–p90] | 2 vs 1 |",
-          "|---|---|---|---|---|---|"]
+    md = [
+        "| model | other process on core 0 | OpenMP policy | 1 thread ms/step [p10–p90] | 2 threads ms/step [p10–p90] | 2 vs 1 |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         f = lambda x: f"{x['median_ms']:.2f} [{x['p10']:.2f}–{x['p90']:.2f}]" if "median_ms" in x else "error"  # noqa: E731
-        ratio = r["2"]["median_ms"] / r["1"]["median_ms"] if "median_ms" in r["1"] and "median_ms" in r["2"] else float("nan")
-        md.append(f"| {r['model']} | {'spinning' if r['busy_core'] else 'idle'} | {r['policy']} | {f(r['1'])} | {f(r['2'])} | {ratio:.2f} |")
+        ratio = (
+            r["2"]["median_ms"] / r["1"]["median_ms"]
+            if "median_ms" in r["1"] and "median_ms" in r["2"]
+            else float("nan")
+        )
+        md.append(
+            f"| {r['model']} | {'spinning' if r['busy_core'] else 'idle'} | {r['policy']} | {f(r['1'])} | {f(r['2'])} | {ratio:.2f} |"
+        )
     (a.out / "threads.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
