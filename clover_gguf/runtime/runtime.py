@@ -332,28 +332,26 @@ class CloverRuntime:
         on_block: Callable[[int, list[int], BlockStats], bool | None] | None = None,
         reset: bool = True,
         on_finish: Callable[[int, GenerationResult], None] | None = None,
+        refill: Callable[[list[int]], list[tuple[int, list, GenerationConfig]]] | None = None,
     ) -> list[GenerationResult]:
         """Generate for several prompts at once: sequence i holds prompts[i], and every denoising
         step is one graph with the current block of each unfinished sequence (needs n_seq_max >=
         len(prompts)). Each sequence gives the tokens it gives alone. on_block(i, tokens, stats).
         on_finish(i, result) runs as soon as sequence i has ended (after the step that ended it,
-        outside the C call: it may use this runtime's other sequences, e.g. commit or save_state)."""
+        outside the C call: it may use this runtime's other sequences, e.g. commit or save_state).
+        refill(free sequence ids) runs between steps and returns (seq, prompt, cfg) to start
+        there (continuous batching: they join the next step; their prompt is committed after
+        the sequence's memory, as with reset=False); results of those come only to on_finish.
+        Returns the results of `prompts`."""
         n = len(prompts)
         if n > self.n_seq_max:
             raise ValueError(f"{n} sequences > n_seq_max {self.n_seq_max}: create the runtime with n_seq_max >= {n}")
         cfgs = [c or GenerationConfig(block_size=self.default_block_size) for c in cfgs]
-        for c in cfgs:
-            c.validate()
-            if c.block_size > self.n_ubatch:
-                raise ValueError(f"block_size {c.block_size} > n_ubatch {self.n_ubatch}")
         lib = self._lib
-        blocks: list[list[BlockStats]] = [[] for _ in range(n)]
+        # per sequence: its blocks, tokens generated, limit, prompt length, prefill ms
+        seqs: dict[int, dict] = {}
         err: list[BaseException] = []
-        # the C side ends a sequence after a block with EOS, a callback that returns False, or
-        # max_new_tokens generated; mirrored here to call on_finish
-        n_max = [c.max_new_tokens for c in cfgs]
-        n_gen = [0] * n
-        ended: list[int] = []
+        ended: list[int] = []  # sequences the last step ended
 
         def cb(seq_id, stats_p, _user):
             try:
@@ -366,11 +364,14 @@ class CloverRuntime:
                     tokens_per_step=[int(s.tokens_per_step[i]) for i in range(k)],
                     ms_per_step=[float(s.ms_per_step[i]) for i in range(k)],
                 )
-                blocks[seq_id].append(st)
+                q = seqs[seq_id]
+                q["blocks"].append(st)
                 toks = [int(s.tokens[i]) for i in range(s.n_tokens)]
                 go_on = True if on_block is None else on_block(seq_id, toks, st) is not False
-                n_gen[seq_id] += s.n_tokens
-                if not go_on or self.eos_token_id in toks or n_gen[seq_id] >= n_max[seq_id]:
+                q["n_gen"] += s.n_tokens
+                # the C side ends a sequence after a block with EOS, a callback that returns
+                # False, or max_new_tokens generated; mirrored here to report it at once
+                if not go_on or self.eos_token_id in toks or q["n_gen"] >= q["n_max"]:
                     ended.append(seq_id)
                 return go_on
             except BaseException as e:  # never let an exception cross the C frame
@@ -381,56 +382,70 @@ class CloverRuntime:
         batch = lib.clover_batch_init(self.ctx)
         if not batch:
             raise RuntimeError_("clover_batch_init failed")
+
+        def add(seq: int, prompt, c: GenerationConfig, keep: bool) -> None:
+            c.validate()
+            if c.block_size > self.n_ubatch:
+                raise ValueError(f"block_size {c.block_size} > n_ubatch {self.n_ubatch}")
+            toks = [int(t) for t in prompt]
+            tp = time.perf_counter()
+            self._check(
+                lib.clover_batch_add(batch, self._seq(seq), B.token_ptr(toks), len(toks), self.gen_params(c), keep),
+                "clover_batch_add",
+            )
+            seqs[seq] = dict(blocks=[], n_gen=0, n_max=c.max_new_tokens, n_prompt=len(toks), t0=tp)
+            seqs[seq]["prefill_ms"] = (time.perf_counter() - tp) * 1e3
+            if c.max_new_tokens == 0:  # as the reference: no block (clover.h's 0 means no limit)
+                lib.clover_batch_remove(batch, seq)
+                ended.append(seq)
+
+        def result(i: int) -> GenerationResult:
+            k = self._check(lib.clover_batch_tokens(batch, i, None, 0), "clover_batch_tokens")
+            out = (B.llama_token * max(1, k))()
+            lib.clover_batch_tokens(batch, i, out, k)
+            q = seqs[i]
+            total = (time.perf_counter() - q["t0"]) * 1e3
+            return GenerationResult(list(out[:k]), q["blocks"], q["n_prompt"], q["prefill_ms"], total)
+
+        first: dict[int, GenerationResult] = {}  # results of `prompts`
         try:
             if reset:
                 self.reset()
             lib.clover_perf_reset(self.ctx)
-            t0 = time.perf_counter()
-            prefill_ms = []
-
-            def result(i: int) -> GenerationResult:
-                k = self._check(lib.clover_batch_tokens(batch, i, None, 0), "clover_batch_tokens")
-                out = (B.llama_token * max(1, k))()
-                lib.clover_batch_tokens(batch, i, out, k)
-                total = (time.perf_counter() - t0) * 1e3
-                return GenerationResult(list(out[:k]), blocks[i], len(prompts[i]), prefill_ms[i], total)
-
             for i, (p, c) in enumerate(zip(prompts, cfgs)):
-                toks = [int(t) for t in p]
-                tp = time.perf_counter()
-                self._check(
-                    lib.clover_batch_add(batch, i, B.token_ptr(toks), len(toks), self.gen_params(c), not reset),
-                    "clover_batch_add",
-                )
-                prefill_ms.append((time.perf_counter() - tp) * 1e3)
-                if c.max_new_tokens == 0:  # as the reference: no block (clover.h's 0 means no limit)
-                    lib.clover_batch_remove(batch, i)
-                    ended.append(i)
-            done: dict[int, GenerationResult] = {}
+                add(i, p, c, not reset)
+            active = set(range(n))
             while True:
-                n_active = 0
-                if len(done) + len(ended) < n:
+                n_c = 0
+                if len(ended) < len(active):
                     rc = lib.clover_batch_step(batch, c_cb, None)
                     if err:
                         raise err[0]
-                    n_active = self._check(rc, "clover_batch_step")
-                for i in ended:
-                    done[i] = result(i)
+                    n_c = self._check(rc, "clover_batch_step")
+                if n_c == 0:  # a sequence the mirror missed still ends here
+                    ended.extend(i for i in active if i not in ended)
+                for i in dict.fromkeys(ended):
+                    res = result(i)
+                    active.discard(i)
+                    if i < n and i not in first:
+                        first[i] = res
                     if on_finish is not None:
-                        on_finish(i, done[i])
+                        on_finish(i, res)
                 ended.clear()
-                if n_active == 0:
+                if refill is not None:
+                    free = [i for i in range(self.n_seq_max) if i not in active]
+                    for seq, p, c in refill(free) if free else []:
+                        if seq not in free:
+                            raise ValueError(f"refill: sequence {seq} is not free")
+                        add(seq, p, c, True)
+                        active.add(seq)
+                        free.remove(seq)
+                if not active:
                     break
-            for i in range(n):  # a sequence the mirror missed still gets its on_finish
-                if i not in done:
-                    done[i] = result(i)
-                    if on_finish is not None:
-                        on_finish(i, done[i])
-            results = [done[i] for i in range(n)]
         finally:
             lib.clover_batch_free(batch)
         self.last_perf = self.perf()
-        return results
+        return [first[i] for i in range(n)]
 
     def block_candidates(self, block, temperature: float, step_key: int) -> tuple[np.ndarray, np.ndarray]:
         """The device path of a denoising step: (candidate, confidence) of every masked

@@ -72,7 +72,8 @@ class Engine:
             groups=0,
             largest_group=0,
             # denoising graphs run, and the steps of every sequence: fewer graphs than sequence
-            # steps is the proof that grouped requests were decoded together
+            # steps is the proof that requests were decoded together; largest_group: the most
+            # requests decoding at once
             denoise_graphs=0,
             sequence_steps=0,
         )
@@ -115,43 +116,76 @@ class Engine:
             self.run_group(group)
 
     def run_group(self, jobs: list[Job]) -> None:
-        """Decode the jobs that waited together: each is prepared on its own sequence (restore or
-        clear, commit the prompt up to its last full block), then one generate_batch decodes them
-        all, every denoising step one graph with the current block of each unfinished job. A job
-        is reported done as soon as it ends, after its history snapshot is stored."""
-        runs: list[_Run] = []
-        for job in jobs:
+        """Decode the jobs that waited together, and those that arrive meanwhile: each is
+        prepared on a free sequence (restore or clear, commit the prompt up to its last full
+        block), then one generate_batch decodes them all, every denoising step one graph with the
+        current block of each unfinished job; a job that arrives while others decode joins at
+        the next step, on the sequence of one that ended (continuous batching). A job is
+        reported done as soon as it ends, after its history snapshot is stored."""
+        runs: dict[int, _Run] = {}  # sequence -> the job decoding there
+
+        def start(job: Job, seq: int) -> bool:
             if job.cancelled.is_set():
                 self.counters["cancelled"] += 1
                 _send(job, {"type": "error", "message": "cancelled before it started"})
-                continue
+                return False
             try:
-                runs.append(_Run(self, job, len(runs), *self._prepare(job, len(runs))))
+                runs[seq] = _Run(self, job, seq, *self._prepare(job, seq))
             except Exception as e:  # one failed request must not stop the server
                 self.counters["errors"] += 1
                 _send(job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
-        if not runs:
+                return False
+            runs[seq].t0 = time.perf_counter()
+            live = sum(not r.finished for r in runs.values())
+            self.counters["largest_group"] = max(self.counters["largest_group"], live)
+            return True
+
+        first: list[_Run] = []
+        for job in jobs:
+            if start(job, len(first)):
+                first.append(runs[len(first)])
+        if not first:
             return
         self.counters["groups"] += 1
-        self.counters["largest_group"] = max(self.counters["largest_group"], len(runs))
-        t0 = time.perf_counter()
-        for r in runs:
-            r.t0 = t0
+
+        def refill(free: list[int]) -> list[tuple[int, list[int], GenerationConfig]]:
+            out = []
+            for seq in (q for q in free if q < self.parallel):  # the last sequence is the scratch one
+                while (job := self._take()) is not None:
+                    if start(job, seq):
+                        r = runs[seq]
+                        out.append((seq, job.prompt[r.start :], job.cfg))
+                        break
+                else:
+                    break
+            return out
+
         try:
             self.rt.generate_batch(
-                [r.job.prompt[r.start :] for r in runs],
-                [r.job.cfg for r in runs],
+                [r.job.prompt[r.start :] for r in first],
+                [r.job.cfg for r in first],
                 on_block=lambda i, toks, st: runs[i].on_block(toks, st),
                 reset=False,
                 on_finish=lambda i, res: runs[i].finish(res),
+                refill=refill,
             )
             self.counters["denoise_graphs"] += int((self.rt.last_perf or {}).get("n_steps", 0))
         except Exception as e:
-            for r in runs:
+            for r in runs.values():
                 if not r.finished:
                     r.finished = True
                     self.counters["errors"] += 1
                     _send(r.job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
+
+    def _take(self) -> Job | None:
+        """A queued job, without waiting; None when there is none or the engine is closing."""
+        try:
+            job = self._q.get_nowait()
+        except queue.Empty:
+            return None
+        if job is None:
+            self._q.put(None)  # closing: the worker loop sees it after this group
+        return job
 
     # ------------------------------------------------------------------ one job
     def _prepare(self, job: Job, seq: int) -> tuple[int, float]:

@@ -398,6 +398,35 @@ def test_batch_mixes_block_lengths(vec_gguf):
     assert finished[0][0] == 3  # ended before the first step
 
 
+def test_batch_refill_joins_between_steps(vec_gguf):
+    """A sequence started between steps on the sequence of one that ended (continuous batching)
+    gives the tokens it gives alone; so do the others."""
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    rng = random.Random(7)
+    prompts = [[rng.randrange(90) for _ in range(n)] for n in (5, 9, 6)]
+    cfgs = [GenerationConfig(max_new_tokens=m, block_size=8, steps=4) for m in (8, 24, 16)]
+    waiting, seen, ends = [2], [], []
+
+    def refill(free):
+        seen.append(list(free))
+        if waiting and 0 in free:
+            rt.reset(0)  # the ended sequence's memory: cleared, as the server restores or clears it
+            return [(0, prompts[waiting.pop()], cfgs[2])]
+        return []
+
+    with CloverRuntime(vec_gguf, n_threads=1, n_seq_max=3, n_ubatch=32) as rt:
+        res = rt.generate_batch(prompts[:2], cfgs[:2], refill=refill, on_finish=lambda i, r: ends.append((i, r.tokens)))
+        alone = [rt.generate(p, c).tokens for p, c in zip(prompts, cfgs)]
+    assert [r.tokens for r in res] == alone[:2]
+    assert seen[0] == [2] and not waiting  # joined only once sequence 0 was free
+    assert ends == [(0, alone[0]), (1, alone[1]), (0, alone[2])] or ends == [
+        (0, alone[0]),
+        (0, alone[2]),
+        (1, alone[1]),
+    ]
+
+
 def test_sequences_commit_and_snapshot_like_sequence_0(vec_gguf):
     """commit / save_state / load_state / reset on sequence k act on k only, and a snapshot of
     one sequence restores into another bit for bit (the server restores snapshots anywhere)."""

@@ -1,5 +1,5 @@
-"""`clover-gguf serve --parallel 4`: requests that wait together are decoded together (one
-sequence each, one graph per denoising step), and each gets what it gets alone; a finished
+"""`clover-gguf serve --parallel 4`: requests are decoded together (one sequence each, one graph
+per denoising step, new ones joining between steps), and each gets what it gets alone; a finished
 conversation's snapshot is stored before the request is reported done."""
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def stats(server) -> dict:
 
 
 def test_requests_decoded_together_give_what_they_give_alone(server4, client4, tiny_gguf, rt, expect):
-    """A long request holds the worker while 4 others queue; those 4 then run as one group with
-    different prompts, lengths (a short last block), block sizes, schedules and a seeded sample."""
+    """A long request is decoding when 4 others arrive: they join it at the next step, as many as
+    there are free sequences, the last one when a sequence frees (continuous batching); different
+    prompts, lengths (a short last block), block sizes, schedules and a seeded sample."""
     B = rt.default_block_size
     work = [
         ("def add(a, b):\n", 3 * B, {}, {}),
@@ -69,7 +70,7 @@ def test_requests_decoded_together_give_what_they_give_alone(server4, client4, t
         model=tiny_gguf.name, prompt="def main():\n", max_tokens=8 * B, stream=True, extra_body={"clover": {"steps": B}}
     )
     it = iter(blocker)
-    next(it)  # the worker is busy with it: the next 4 requests wait together
+    next(it)  # it is decoding
 
     def one(w):
         p, n, ext, kw = w
@@ -78,18 +79,17 @@ def test_requests_decoded_together_give_what_they_give_alone(server4, client4, t
 
     with ThreadPoolExecutor(N) as ex:
         futs = [ex.submit(one, w) for w in work]
-        time.sleep(0.3)  # all four are queued before the blocker ends
+        time.sleep(0.3)
         for _ in it:
             pass
         got = [f.result(timeout=4 * TIMEOUT) for f in futs]
     assert [g[0] for g in got] == expected
     after = stats(server4)
-    assert after["largest_group"] == N
-    assert sorted(g[1]["sequence"] for g in got) == list(range(N))  # one sequence each
+    assert after["largest_group"] == N  # the blocker and three of them, the fourth when one ends
+    assert all(0 <= g[1]["sequence"] < N for g in got)
     graphs = after["denoise_graphs"] - before["denoise_graphs"]
     steps = after["sequence_steps"] - before["sequence_steps"]
-    # the blocker's steps are its own graphs; the group's steps shared graphs
-    assert graphs < steps, (graphs, steps)
+    assert graphs < steps, (graphs, steps)  # steps of several requests shared graphs
 
 
 def test_max_tokens_0_generates_nothing(client4, tiny_gguf):
