@@ -119,6 +119,11 @@ MAX_BLOCK = 1024  # limits.py: diffusion.block_size
     show_default=True,
     help="Reference precision (safetensors models only).",
 )
+@click.option(
+    "--rpc",
+    metavar="HOST:PORT[,...]",
+    help="llama.cpp rpc-server(s) to offload -ngl layers to (comma-separated; .gguf only).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print completion, token ids and per-block statistics as JSON.")
 @click.option("--debug", is_flag=True, help="Show llama.cpp's whole log (also CLOVER_GGUF_VERBOSE=1).")
 def run_cmd(
@@ -141,6 +146,7 @@ def run_cmd(
     experts_on_cpu,
     override_tensor,
     dtype,
+    rpc,
     as_json,
     debug,
 ):
@@ -150,6 +156,7 @@ def run_cmd(
     \b
     clover-gguf run -p 'def fibonacci(n):' -n 48 --steps 8
     clover-gguf run out/clover-tiny-q4_k.gguf -p 'import os' --threshold 0.8 --json
+    clover-gguf run model.gguf -p 'import os' -ngl 99 --rpc gpu-box:50052
     """
     from .run import DEFAULT_MODEL, print_output, run
 
@@ -182,6 +189,7 @@ def run_cmd(
             experts_on_cpu=experts_on_cpu,
             override_tensor=override_tensor,
             dtype=dtype,
+            rpc=rpc,
         )
     except (ValueError, ConfigError, RuntimeError_, RuntimeNotBuilt) as e:
         raise click.ClickException(str(e)) from None
@@ -532,10 +540,22 @@ def plan_cmd(
 @click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading.")
 @click.option("-t", "--threads", type=int, help="CPU threads.")
 @click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="Require this key (Bearer) on every route but /health.")
-@click.option("-np", "--parallel", default=1, show_default=True, help="Requests decoded as one group.")
+@click.option(
+    "-np",
+    "--parallel",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Requests decoded together (one sequence each, one graph per denoising step).",
+)
 @click.option("--ctx-cache", default=16, show_default=True, help="Memory snapshots kept for state reuse (0: off).")
 @click.option("-c", "--ctx-size", type=int, help="Context limit in tokens [default: the GGUF's context_length].")
-def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, threads, api_key, parallel, ctx_cache, ctx_size):
+@click.option(
+    "--rpc",
+    metavar="HOST:PORT[,...]",
+    help="llama.cpp rpc-server(s) to offload -ngl layers to (comma-separated).",
+)
+def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, threads, api_key, parallel, ctx_cache, ctx_size, rpc):
     """OpenAI-compatible server for a Clover GGUF: /v1/completions and /v1/chat/completions
     (SSE streaming, one event per committed block), /v1/models, /health, /props. A turn that
     extends an earlier conversation prefills only its new tokens. Needs `pip install 'clover-gguf[server]'`.
@@ -543,6 +563,7 @@ def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, threads, api_key,
     \b
     clover-gguf serve out/clover-tiny-q4_k.gguf --port 8080 -t 2
     clover-gguf serve model.gguf -ngl 99 --experts-on-cpu --api-key secret --parallel 4 --ctx-cache 32
+    clover-gguf serve model.gguf -ngl 99 --rpc gpu-box-1:50052,gpu-box-2:50052
     \b
     Request extensions: "clover": {"block_size": 32, "steps": 8 | "threshold": 0.9, "cache_prompt": true},
     "chat_template_kwargs": {"enable_thinking": false}, "top_k". See docs/serving.md.
@@ -562,6 +583,7 @@ def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, threads, api_key,
             parallel=parallel,
             ctx_cache=ctx_cache,
             ctx_size=ctx_size,
+            rpc=rpc,
             log=lambda m: click.echo(m, err=True),
         )
     except (ValueError, OSError, RuntimeError, RuntimeNotBuilt) as e:
@@ -596,6 +618,12 @@ def runtime_group():
 )
 @click.option("--no-install", is_flag=True, help="Build only; do not pip-install llama-cpp-python.")
 @click.option(
+    "--rpc/--no-rpc",
+    default=True,
+    show_default=True,
+    help="llama.cpp's RPC backend (GGML_RPC) and ggml-rpc-server, for --rpc offloading.",
+)
+@click.option(
     "--root",
     type=click.Path(file_okay=False),
     default=None,
@@ -607,7 +635,7 @@ def runtime_group():
     multiple=True,
     help="Extra cmake argument (repeatable), e.g. -DCUDA_cublas_LIBRARY=/path/libcublas.so.13.",
 )
-def runtime_build_cmd(cuda, portable, cuda_arch, jobs, force, targets, no_install, root, cmake_arg):
+def runtime_build_cmd(cuda, portable, cuda_arch, jobs, force, targets, no_install, rpc, root, cmake_arg):
     """Fetch the sdist, apply patches/*.patch, build once with cmake+ninja, install."""
     from .runtime.build import BuildError, build_runtime
 
@@ -622,6 +650,7 @@ def runtime_build_cmd(cuda, portable, cuda_arch, jobs, force, targets, no_instal
             root=root,
             extra_cmake_args=cmake_arg,
             portable=portable,
+            rpc=rpc,
         )
     except BuildError as e:
         raise click.ClickException(str(e)) from None

@@ -20,12 +20,14 @@ class RunOutput:
     prompt_ids: list[int]
     result: GenerationResult
     backend: str
+    placement: dict | None = None  # the runtime's (layers and buffers per device), with --rpc
 
     def to_dict(self) -> dict:
         r = self.result
         gen_s = sum(sum(b.ms_per_step) for b in r.blocks) / 1e3
         return {
             "backend": self.backend,
+            **({"placement": self.placement} if self.placement else {}),
             "completion": self.completion,
             "prompt_ids": self.prompt_ids,
             "token_ids": r.tokens,
@@ -85,8 +87,10 @@ def run(
     override_tensor=(),
     dtype: str = "float32",
     on_block=None,
+    rpc: str | None = None,
 ) -> RunOutput:
-    """Generate a completion. `model` is a safetensors model folder or a .gguf file."""
+    """Generate a completion. `model` is a safetensors model folder or a .gguf file. `rpc`:
+    llama.cpp RPC servers 'HOST:PORT[,...]' that -ngl layers are offloaded to (.gguf only)."""
     model = Path(model)
     if prompt is None and prompt_ids is None:
         raise ValueError("give a prompt or prompt ids")
@@ -99,13 +103,20 @@ def run(
         top_p=top_p,
         seed=seed,
     )
+    if rpc is not None and model.suffix != ".gguf":
+        raise ValueError("--rpc needs a .gguf model (llama.cpp's RPC backend)")
     if model.suffix == ".gguf":
         from .runtime.bindings import parse_override
         from .runtime.runtime import CloverRuntime
 
         cpu_tensors = [parse_override(s) for s in override_tensor]
         rt = CloverRuntime(
-            model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu, cpu_tensors=cpu_tensors
+            model,
+            n_threads=threads,
+            n_gpu_layers=n_gpu_layers,
+            experts_on_cpu=experts_on_cpu,
+            cpu_tensors=cpu_tensors,
+            rpc_servers=rpc,
         )
         check_request(prompt, None, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
         text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt
@@ -119,7 +130,7 @@ def run(
         )
         res = rt.generate(ids, cfg, on_block=on_block)
         completion = rt.detokenize(res.tokens) if prompt_ids is None else None
-        return RunOutput(completion, ids, res, "llama.cpp")
+        return RunOutput(completion, ids, res, "llama.cpp", rt.placement if rt.rpc_servers else None)
 
     from .reference.model import CloverModel
 
@@ -165,6 +176,10 @@ def print_output(out: RunOutput, as_json: bool) -> None:
         sys.stdout.write("\n")
         return
     print(out.completion if out.completion is not None else " ".join(map(str, d["token_ids"])))
+    if out.placement:
+        from .runtime.runtime import placement_line
+
+        print(f"\n[rpc] {placement_line(out.placement)}", file=sys.stderr)
     steps = [b["steps"] for b in d["blocks"]]
     print(
         f"\n[{d['backend']}] prompt {len(out.prompt_ids)} tok, generated {len(d['token_ids'])} tok "

@@ -567,6 +567,69 @@ def agent_cmd(
     click.echo(f"wrote {Path(out_dir) / 'report.md'}")
 
 
+def _parallel_list(ctx, param, value):
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: comma-separated integers, e.g. 1,2,4") from None
+    if not out or any(not 1 <= n <= 64 for n in out):
+        raise click.BadParameter(f"{value!r}: each N must be in [1, 64]")
+    return out
+
+
+@eval_group.command("throughput")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--parallel",
+    "parallel",
+    default="1,2,4",
+    show_default=True,
+    callback=_parallel_list,
+    help="Concurrent clients N (each against `serve --parallel N`).",
+)
+@click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 100), help="Runs per N.")
+@click.option("--requests", default=2, show_default=True, type=click.IntRange(1, 100), help="Requests per client.")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 16))
+@click.option("--block-size", type=click.IntRange(1, 1024), help="clover.block_size [default: the model's].")
+@click.option("--steps", type=click.IntRange(1, 1024), help="clover.steps (default: the threshold schedule).")
+@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="Server threads.")
+@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, type=click.IntRange(-1, 1024))
+@click.option("--rpc", metavar="HOST:PORT[,...]", help="Server offloads to these rpc-servers.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/throughput", show_default=True)
+def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, steps, threads, n_gpu_layers, rpc, out_dir):
+    """Serving throughput: total tok/s of N concurrent clients against `clover-gguf serve MODEL
+    --parallel N` for each N (median, p10/p90 over --runs), with the replies checked against
+    N = 1's and the server's count of denoising graphs vs sequence steps. Writes
+    throughput.json and throughput.md.
+
+    \b
+    clover-gguf eval throughput out/clover-tiny-q4_k.gguf -t 2 --parallel 1,2,4 --runs 5
+    """
+    from openai import OpenAIError
+
+    from .throughput import run_throughput
+
+    clover = {k: v for k, v in (("block_size", block_size), ("steps", steps)) if v}
+    srv = ["-ngl", str(n_gpu_layers)] + (["-t", str(threads)] if threads else []) + (["--rpc", rpc] if rpc else [])
+    try:
+        run_throughput(
+            model,
+            out_dir,
+            parallel=tuple(parallel),
+            runs=runs,
+            requests=requests,
+            max_tokens=max_tokens,
+            clover=clover,
+            server_args=tuple(srv),
+            log=lambda m: click.echo(m, err=True),
+        )
+    except (ValueError, OSError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    except OpenAIError as e:
+        raise click.ClickException(f"{type(e).__name__} from the server: {e}") from None
+    click.echo(f"wrote {Path(out_dir) / 'throughput.md'}")
+
+
 @click.command("report")
 @click.argument("run_json", type=click.Path(exists=True, dir_okay=False))
 @click.option(

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import os
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -193,16 +194,20 @@ GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT = 4, 5
 
 
 _OVERRIDE_LINE = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
+# the lines of a load that say where weights, memory and compute buffers went (parse_placement)
+PLACEMENT_MARKS = ("assigned to device", "offloaded ", "model buffer size", "RS buffer size", "compute buffer size")
 
 
 class LogCapture:
     """llama.cpp's log, kept (the last lines) so that a failing call can be explained in one
-    line; printed as it comes when verbose (CLOVER_GGUF_VERBOSE=1 or --debug)."""
+    line; printed as it comes when verbose (CLOVER_GGUF_VERBOSE=1 or --debug). The placement
+    lines of a load are kept apart (a large model logs more lines than the window holds)."""
 
     def __init__(self, maxlen: int = 200):
         import collections
 
         self.lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=maxlen)
+        self.placement: list[str] = []
         self.verbose = bool(os.environ.get("CLOVER_GGUF_VERBOSE"))
         # tensor -> buffer type, from the loader's "buffer type overridden" lines (every one,
         # whatever the deque keeps)
@@ -220,6 +225,8 @@ class LogCapture:
             self.lines[-1] = (lv, prev + t)
         else:
             self.lines.append((level, t))
+            if any(m in t for m in PLACEMENT_MARKS):
+                self.placement.append(t.strip())
 
     def mark(self) -> int:
         """A position: reason() only looks at what was logged after it."""
@@ -295,15 +302,26 @@ def parse_override(spec: str) -> str:
 
 
 def model_params(
-    lib: _Lib, n_gpu_layers: int = 0, experts_on_cpu: bool = False, keep: list | None = None, cpu_tensors=()
+    lib: _Lib,
+    n_gpu_layers: int = 0,
+    experts_on_cpu: bool = False,
+    keep: list | None = None,
+    cpu_tensors=(),
+    devices: list[int] | None = None,
 ):
     """llama_model_params with n_gpu_layers and tensor buffer-type overrides keeping tensors in
     CPU memory: the routed experts when experts_on_cpu (llama.cpp's --cpu-moe), and those whose
-    name matches a regex of cpu_tensors (llama.cpp's -ot REGEX=CPU). `keep` receives the ctypes
-    objects that must outlive the load."""
+    name matches a regex of cpu_tensors (llama.cpp's -ot REGEX=CPU). `devices`: the offload
+    devices (ggml_backend_dev_t), None for llama.cpp's default (every GPU). `keep` receives the
+    ctypes objects that must outlive the load."""
     lc = lib.lc
     p = lc.llama_model_default_params()
     p.n_gpu_layers = int(n_gpu_layers)
+    if devices is not None:
+        arr = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+        p.devices = ctypes.cast(arr, ctypes.c_void_p).value
+        if keep is not None:
+            keep.append(arr)
     p.check_tensors = True  # NaN/Inf weights fail the load instead of generating garbage
     pats = ([EXPERT_PATTERN] if experts_on_cpu else []) + list(cpu_tensors)
     if pats:
@@ -355,3 +373,134 @@ def meta_str(lib: _Lib, model, key: str) -> str | None:
 def token_ptr(ids) -> ctypes.Array:
     ids = list(ids)
     return (llama_token * max(1, len(ids)))(*ids)
+
+
+# --------------------------------------------------------------------------- RPC devices
+
+
+class RpcError(RuntimeError):
+    """An RPC server could not be used (runtime built without GGML_RPC, unreachable, ...)."""
+
+
+GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU = 1, 2
+_RPC_ADDED: dict[str, list[int]] = {}  # endpoint -> its devices, registered once per process
+
+
+def parse_rpc_servers(servers: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """'HOST:PORT[,HOST:PORT...]' (or a list of them) -> endpoints; ValueError naming a bad one."""
+    if servers is None:
+        return []
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out = []
+    for raw in items:
+        ep = raw.strip()
+        host, _, port = ep.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--rpc: {raw!r} is not HOST:PORT")
+        if ep not in out:
+            out.append(ep)
+    if not out:
+        raise ValueError("--rpc: no server given (HOST:PORT[,HOST:PORT...])")
+    return out
+
+
+def _ggml(lib: _Lib) -> ctypes.CDLL:
+    """libggml (the backend registry) next to libllama, with the few functions bound."""
+    g = getattr(lib, "_ggml", None)
+    if g is None:
+        d = lib.lib_path.parent
+        g = ctypes.CDLL(str(d / "libggml.so") if (d / "libggml.so").exists() else "libggml.so")
+        vp, cp = ctypes.c_void_p, ctypes.c_char_p
+        for name, argtypes, restype in (
+            ("ggml_backend_reg_by_name", [cp], vp),
+            ("ggml_backend_reg_get_proc_address", [vp, cp], vp),
+            ("ggml_backend_register", [vp], None),
+            ("ggml_backend_reg_dev_count", [vp], ctypes.c_size_t),
+            ("ggml_backend_reg_dev_get", [vp, ctypes.c_size_t], vp),
+            ("ggml_backend_reg_name", [vp], cp),
+            ("ggml_backend_dev_count", [], ctypes.c_size_t),
+            ("ggml_backend_dev_get", [ctypes.c_size_t], vp),
+            ("ggml_backend_dev_name", [vp], cp),
+            ("ggml_backend_dev_type", [vp], ctypes.c_int),
+            ("ggml_backend_dev_backend_reg", [vp], vp),
+        ):
+            f = getattr(g, name)
+            f.argtypes, f.restype = argtypes, restype
+        lib._ggml = g
+    return g
+
+
+def add_rpc_server(lib: _Lib, endpoint: str) -> list[int]:
+    """Register the devices of the rpc-server at `endpoint` (once per process, as llama.cpp's
+    --rpc does through the RPC registry's ggml_backend_rpc_add_server); returns them."""
+    if endpoint in _RPC_ADDED:
+        return _RPC_ADDED[endpoint]
+    g = _ggml(lib)
+    reg = g.ggml_backend_reg_by_name(b"RPC")
+    if not reg:
+        raise RpcError(
+            f"--rpc {endpoint}: this runtime was built without RPC; rebuild it with `clover-gguf runtime build`"
+        )
+    fn = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
+    if not fn:
+        raise RpcError(f"--rpc {endpoint}: the RPC backend has no ggml_backend_rpc_add_server")
+    add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(fn)
+    host, _, port = endpoint.rpartition(":")
+    try:  # ggml-rpc aborts the process when it cannot connect: try a plain connection first
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as e:
+        raise RpcError(f"--rpc {endpoint}: cannot connect to an rpc-server there ({e.strerror or e})") from None
+    with stderr_silenced(not (_LOG and _LOG.verbose)):  # ggml-rpc prints connection errors itself
+        server_reg = add(endpoint.encode())
+    if not server_reg:
+        raise RpcError(f"--rpc {endpoint}: the rpc-server there did not answer (another version?)")
+    g.ggml_backend_register(server_reg)
+    devs = [g.ggml_backend_reg_dev_get(server_reg, i) for i in range(g.ggml_backend_reg_dev_count(server_reg))]
+    _RPC_ADDED[endpoint] = devs
+    return devs
+
+
+def offload_devices(lib: _Lib, rpc_servers: list[str]) -> list[int] | None:
+    """The devices a model offloads to: the given RPC servers' devices first (as llama.cpp puts
+    them), then the local GPUs; None (llama.cpp's default, every GPU) when no RPC device was ever
+    registered in this process, so that a model loaded without --rpc never uses one."""
+    rpc = [d for ep in rpc_servers for d in add_rpc_server(lib, ep)]
+    if not _RPC_ADDED:
+        return None
+    g = _ggml(lib)
+    local = []
+    for i in range(g.ggml_backend_dev_count()):
+        dev = g.ggml_backend_dev_get(i)
+        kind = g.ggml_backend_dev_type(dev)
+        reg = g.ggml_backend_dev_backend_reg(dev)
+        if (
+            kind in (GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU)
+            and g.ggml_backend_reg_name(reg) != b"RPC"
+        ):
+            local.append((kind, dev))
+    gpus = [d for k, d in local if k == GGML_BACKEND_DEVICE_TYPE_GPU]
+    return rpc + (gpus or [d for _, d in local])  # an iGPU only when there is no GPU, as llama.cpp
+
+
+def parse_placement(lines: list[str], n_layer: int) -> dict:
+    """Where a load put things, from llama.cpp's log: the device of each layer and of the output
+    layer (llama.cpp's layer n_layer), how many layers were offloaded, and the MiB of each weight /
+    memory (recurrent state) / compute buffer."""
+    import re
+
+    layers: dict[str, list[int]] = {}
+    output = None
+    buffers: dict[str, dict[str, float]] = {"model": {}, "memory": {}, "compute": {}}
+    offloaded = None
+    for t in lines:
+        if m := re.search(r"layer\s+(\d+) assigned to device (\S+?),", t):
+            if int(m.group(1)) == n_layer:
+                output = m.group(2)
+            else:
+                layers.setdefault(m.group(2), []).append(int(m.group(1)))
+        elif m := re.search(r"offloaded (\d+)/(\d+) layers", t):
+            offloaded = f"{m.group(1)}/{m.group(2)}"
+        elif m := re.search(r":\s+(\S+)\s+(model|RS|compute) buffer size\s*=\s*([\d.]+) MiB", t):
+            kind = {"model": "model", "RS": "memory", "compute": "compute"}[m.group(2)]
+            buffers[kind][m.group(1)] = buffers[kind].get(m.group(1), 0.0) + float(m.group(3))
+    return {"layers": layers, "output": output, "offloaded_layers": offloaded, "buffers": buffers}

@@ -11,7 +11,7 @@ Layout under the runtime root (``$CLOVER_GGUF_RUNTIME_DIR``, default ``<cache>/r
     src/                 the unpacked sdist with the patches applied
     build-cpu/           cmake build tree (build-cuda/ for --cuda), holds stamp.json
     lib/                 libllama.so, libggml*.so of the last successful build
-    bin/                 llama-clover-cli, test-backend-ops, test-clover, llama-quantize
+    bin/                 llama-clover-cli, test-backend-ops, test-clover, llama-quantize, ggml-rpc-server
     runtime.json         what runtime_paths() returns (written after each build)
 
 `runtime_paths()` is how other modules find the libraries (e.g. libggml-base for the
@@ -40,7 +40,8 @@ SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 DEFAULT_CUDA_ARCHS = "86;89;120;80;90;100"
 CPU_TARGETS = ("llama", "ggml", "llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize")
 # llama-quantize: the reference the converter's quantized blocks are compared with (tests/convert)
-BINARIES = ("llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize")
+RPC_SERVER = "ggml-rpc-server"  # llama.cpp's tools/rpc (rpc-server), built with GGML_RPC
+BINARIES = ("llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize", RPC_SERVER)
 CLOVER_SYMBOLS = (
     "clover_gen_default_params",
     "clover_reset",
@@ -300,10 +301,14 @@ class BuildOptions:
     extra_cmake_args: tuple[str, ...] = ()
     ccache: bool = True
     portable: bool = False  # False: CPU kernels for this machine (-march=native), as llama.cpp builds by default
+    # llama.cpp's RPC backend (ggml-rpc, one file) and its server: on by default so that every
+    # build (CI's too) can offload to rpc-servers and the suite tests it
+    rpc: bool = True
 
     def key(self) -> dict:
         return {
             "portable": self.portable,
+            "rpc": self.rpc,
             "cpu": None if self.portable else cpu_fingerprint(),
             "cuda": self.cuda,
             "cuda_archs": self.cuda_archs if self.cuda else None,
@@ -314,7 +319,7 @@ class BuildOptions:
     def resolved_targets(self) -> tuple[str, ...]:
         if self.targets:
             return tuple(self.targets)
-        return CPU_TARGETS + (("ggml-cuda",) if self.cuda else ())
+        return CPU_TARGETS + ((RPC_SERVER,) if self.rpc else ()) + (("ggml-cuda",) if self.cuda else ())
 
 
 def cmake_args(src: Path, build: Path, opts: BuildOptions) -> list[str]:
@@ -338,6 +343,7 @@ def cmake_args(src: Path, build: Path, opts: BuildOptions) -> list[str]:
         "-DLLAMA_OPENSSL=OFF",
         "-DLLAMA_CURL=OFF",
         "-DLLAMA_BUILD_CLOVER=ON",  # tools/clover-cli (llama-clover-cli), from the patches
+        f"-DGGML_RPC={'ON' if opts.rpc else 'OFF'}",  # tools/rpc comes with clover-cli (patches/0005)
         # the libraries are copied next to each other (lib/, llama_cpp/lib) and the
         # programs to bin/: find them through $ORIGIN wherever they end up
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
@@ -466,12 +472,14 @@ def build_runtime(
     patch_dir: str | Path | None = None,
     extra_cmake_args=(),
     portable: bool = False,
+    rpc: bool = True,
 ) -> BuildResult:
     """Fetch, patch, build and install the runtime (see the module docstring). Skips the
     compile when the sdist, the patch series and the options match the build dir's stamp.
     The CPU kernels are built for this machine's instruction set unless `portable`."""
     opts = BuildOptions(
         portable=portable,
+        rpc=rpc,
         cuda=cuda,
         cuda_archs=cuda_archs or DEFAULT_CUDA_ARCHS,
         jobs=jobs,

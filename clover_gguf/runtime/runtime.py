@@ -37,7 +37,8 @@ class RuntimeLoadError(RuntimeError_):
 
 
 class CloverRuntime:
-    """One model + one context (one sequence). Not thread-safe."""
+    """One model + one context with n_seq_max sequences (calls without `seq` use sequence 0).
+    Not thread-safe."""
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class CloverRuntime:
         n_ubatch: int | None = None,
         n_seq_max: int = 1,
         quiet: bool = True,
+        rpc_servers: str | list[str] | None = None,
     ):
         self.path = Path(gguf_path)
         if not self.path.is_file():
@@ -59,9 +61,15 @@ class CloverRuntime:
         self._log = B.log_capture(self._lib, verbose=not quiet)
         lc = self._lib.lc
         self._keep: list = []
-        mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep, cpu_tensors)
+        self.rpc_servers = B.parse_rpc_servers(rpc_servers)
+        try:
+            devices = B.offload_devices(self._lib, self.rpc_servers)
+        except B.RpcError as e:
+            raise RuntimeLoadError(str(e)) from None
+        mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep, cpu_tensors, devices)
         self._log.mark()
         self._log.overrides.clear()
+        self._log.placement.clear()
         with B.stderr_silenced(not self._log.verbose):
             self.model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self.model:
@@ -95,6 +103,9 @@ class CloverRuntime:
             lc.llama_model_free(self.model)
             self.model = None
             raise RuntimeLoadError(f"{self.path}: cannot create a context ({self._log.reason() or 'no reason logged'})")
+        # where the layers, weights, memory and compute buffers went (llama.cpp's load log: it
+        # has no API for it), e.g. {"layers": {"RPC0": [0, 1]}, "buffers": {"model": {...}}, ...}
+        self.placement = B.parse_placement(self._log.placement, self.n_layer)
         self._logits = np.empty((0,), dtype=np.float32)
         self._state_sizes: dict[int, int] = {}
         self.last_perf: dict | None = None
@@ -198,22 +209,50 @@ class CloverRuntime:
             raise RuntimeError_(f"{self.path}: {what} failed ({rc}){': ' + why if why else ''}")
         return rc
 
-    def reset(self) -> None:
-        self._check(self._lib.clover_reset(self.ctx), "clover_reset")
+    def reset(self, seq: int | None = None) -> None:
+        """Clear the memory: all of it, or only sequence `seq`'s."""
+        if seq is None:
+            self._check(self._lib.clover_reset(self.ctx), "clover_reset")
+        else:
+            lc = self._lib.lc
+            lc.llama_memory_seq_rm(lc.llama_get_memory(self.ctx), self._seq(seq), -1, -1)
+
+    def _seq(self, seq: int) -> int:
+        if not 0 <= seq < self.n_seq_max:
+            raise ValueError(f"sequence {seq} outside [0, n_seq_max = {self.n_seq_max})")
+        return seq
 
     @property
     def n_committed(self) -> int:
         return self._check(self._lib.clover_n_committed(self.ctx), "clover_n_committed")
 
-    def commit(self, tokens, block_size: int | None = None) -> None:
-        """Fold tokens into the memory in blocks of block_size (the last may be short)."""
+    def commit(self, tokens, block_size: int | None = None, seq: int = 0) -> None:
+        """Fold tokens into the memory of sequence `seq` in blocks of block_size (the last may be short)."""
         tokens = [int(t) for t in tokens]
         if not tokens:
             return
         bs = int(block_size or self.default_block_size)
         if bs > self.n_ubatch:
             raise ValueError(f"block_size {bs} > n_ubatch {self.n_ubatch}: create the runtime with n_ubatch >= {bs}")
-        self._check(self._lib.clover_commit(self.ctx, B.token_ptr(tokens), len(tokens), bs), "clover_commit")
+        if seq == 0:
+            self._check(self._lib.clover_commit(self.ctx, B.token_ptr(tokens), len(tokens), bs), "clover_commit")
+            return
+        # clover.h commits on other sequences through a batch: adding a sequence commits its
+        # prompt after the kept memory (the same commit_seq as clover_commit), removing it
+        # before any step generates nothing
+        lib = self._lib
+        batch = lib.clover_batch_init(self.ctx)
+        if not batch:
+            raise RuntimeError_("clover_batch_init failed")
+        try:
+            p = self.gen_params(GenerationConfig(block_size=bs, max_new_tokens=1))
+            self._check(
+                lib.clover_batch_add(batch, self._seq(seq), B.token_ptr(tokens), len(tokens), p, True),
+                "clover_batch_add",
+            )
+            lib.clover_batch_remove(batch, seq)
+        finally:
+            lib.clover_batch_free(batch)
 
     def block_logits_np(self, block) -> np.ndarray:
         """Logits [L, V] float32 of the block at the next position; the memory is untouched."""
@@ -249,19 +288,19 @@ class CloverRuntime:
     def states(self) -> list[np.ndarray]:
         return [self.state(i) for i in range(self.n_layer)]
 
-    def save_state(self) -> bytes:
-        """The whole memory of sequence 0 (states and committed position), for load_state."""
+    def save_state(self, seq: int = 0) -> bytes:
+        """The whole memory of sequence `seq` (states and committed position), for load_state."""
         lc = self._lib.lc
-        n = int(lc.llama_state_seq_get_size(self.ctx, 0))
+        n = int(lc.llama_state_seq_get_size(self.ctx, self._seq(seq)))
         buf = (ctypes.c_uint8 * n)()
-        if int(lc.llama_state_seq_get_data(self.ctx, buf, n, 0)) != n:
+        if int(lc.llama_state_seq_get_data(self.ctx, buf, n, seq)) != n:
             raise RuntimeError_("llama_state_seq_get_data failed")
         return bytes(buf)
 
-    def load_state(self, blob: bytes) -> None:
-        """Replace the memory by a save_state snapshot (bit-exact)."""
+    def load_state(self, blob: bytes, seq: int = 0) -> None:
+        """Replace the memory of sequence `seq` by a save_state snapshot of any sequence (bit-exact)."""
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        if int(self._lib.lc.llama_state_seq_set_data(self.ctx, buf, len(blob), 0)) != len(blob):
+        if int(self._lib.lc.llama_state_seq_set_data(self.ctx, buf, len(blob), self._seq(seq))) != len(blob):
             raise RuntimeError_("llama_state_seq_set_data failed: a snapshot of another model or context?")
 
     # ---------------------------------------------------------------- generation
@@ -297,21 +336,27 @@ class CloverRuntime:
         cfgs: list[GenerationConfig | None],
         on_block: Callable[[int, list[int], BlockStats], bool | None] | None = None,
         reset: bool = True,
+        on_finish: Callable[[int, GenerationResult], None] | None = None,
+        refill: Callable[[list[int]], list[tuple[int, list, GenerationConfig]]] | None = None,
     ) -> list[GenerationResult]:
         """Generate for several prompts at once: sequence i holds prompts[i], and every denoising
         step is one graph with the current block of each unfinished sequence (needs n_seq_max >=
-        len(prompts)). Each sequence gives the tokens it gives alone. on_block(i, tokens, stats)."""
+        len(prompts)). Each sequence gives the tokens it gives alone. on_block(i, tokens, stats).
+        on_finish(i, result) runs as soon as sequence i has ended (after the step that ended it,
+        outside the C call: it may use this runtime's other sequences, e.g. commit or save_state).
+        refill(free sequence ids) runs between steps and returns (seq, prompt, cfg) to start
+        there (continuous batching: they join the next step; their prompt is committed after
+        the sequence's memory, as with reset=False); results of those come only to on_finish.
+        Returns the results of `prompts`."""
         n = len(prompts)
         if n > self.n_seq_max:
             raise ValueError(f"{n} sequences > n_seq_max {self.n_seq_max}: create the runtime with n_seq_max >= {n}")
         cfgs = [c or GenerationConfig(block_size=self.default_block_size) for c in cfgs]
-        for c in cfgs:
-            c.validate()
-            if c.block_size > self.n_ubatch:
-                raise ValueError(f"block_size {c.block_size} > n_ubatch {self.n_ubatch}")
         lib = self._lib
-        blocks: list[list[BlockStats]] = [[] for _ in range(n)]
+        # per sequence: its blocks, tokens generated, limit, prompt length, prefill ms
+        seqs: dict[int, dict] = {}
         err: list[BaseException] = []
+        ended: list[int] = []  # sequences the last step ended
 
         def cb(seq_id, stats_p, _user):
             try:
@@ -324,10 +369,16 @@ class CloverRuntime:
                     tokens_per_step=[int(s.tokens_per_step[i]) for i in range(k)],
                     ms_per_step=[float(s.ms_per_step[i]) for i in range(k)],
                 )
-                blocks[seq_id].append(st)
-                if on_block is not None:
-                    return on_block(seq_id, [int(s.tokens[i]) for i in range(s.n_tokens)], st) is not False
-                return True
+                q = seqs[seq_id]
+                q["blocks"].append(st)
+                toks = [int(s.tokens[i]) for i in range(s.n_tokens)]
+                go_on = True if on_block is None else on_block(seq_id, toks, st) is not False
+                q["n_gen"] += s.n_tokens
+                # the C side ends a sequence after a block with EOS, a callback that returns
+                # False, or max_new_tokens generated; mirrored here to report it at once
+                if not go_on or self.eos_token_id in toks or q["n_gen"] >= q["n_max"]:
+                    ended.append(seq_id)
+                return go_on
             except BaseException as e:  # never let an exception cross the C frame
                 err.append(e)
                 return False
@@ -336,37 +387,70 @@ class CloverRuntime:
         batch = lib.clover_batch_init(self.ctx)
         if not batch:
             raise RuntimeError_("clover_batch_init failed")
+
+        def add(seq: int, prompt, c: GenerationConfig, keep: bool) -> None:
+            c.validate()
+            if c.block_size > self.n_ubatch:
+                raise ValueError(f"block_size {c.block_size} > n_ubatch {self.n_ubatch}")
+            toks = [int(t) for t in prompt]
+            tp = time.perf_counter()
+            self._check(
+                lib.clover_batch_add(batch, self._seq(seq), B.token_ptr(toks), len(toks), self.gen_params(c), keep),
+                "clover_batch_add",
+            )
+            seqs[seq] = dict(blocks=[], n_gen=0, n_max=c.max_new_tokens, n_prompt=len(toks), t0=tp)
+            seqs[seq]["prefill_ms"] = (time.perf_counter() - tp) * 1e3
+            if c.max_new_tokens == 0:  # as the reference: no block (clover.h's 0 means no limit)
+                lib.clover_batch_remove(batch, seq)
+                ended.append(seq)
+
+        def result(i: int) -> GenerationResult:
+            k = self._check(lib.clover_batch_tokens(batch, i, None, 0), "clover_batch_tokens")
+            out = (B.llama_token * max(1, k))()
+            lib.clover_batch_tokens(batch, i, out, k)
+            q = seqs[i]
+            total = (time.perf_counter() - q["t0"]) * 1e3
+            return GenerationResult(list(out[:k]), q["blocks"], q["n_prompt"], q["prefill_ms"], total)
+
+        first: dict[int, GenerationResult] = {}  # results of `prompts`
         try:
             if reset:
                 self.reset()
             lib.clover_perf_reset(self.ctx)
-            t0 = time.perf_counter()
-            prefill_ms = []
             for i, (p, c) in enumerate(zip(prompts, cfgs)):
-                toks = [int(t) for t in p]
-                tp = time.perf_counter()
-                self._check(
-                    lib.clover_batch_add(batch, i, B.token_ptr(toks), len(toks), self.gen_params(c), not reset),
-                    "clover_batch_add",
-                )
-                prefill_ms.append((time.perf_counter() - tp) * 1e3)
+                add(i, p, c, not reset)
+            active = set(range(n))
             while True:
-                rc = lib.clover_batch_step(batch, c_cb, None)
-                if err:
-                    raise err[0]
-                if self._check(rc, "clover_batch_step") == 0:
+                n_c = 0
+                if len(ended) < len(active):
+                    rc = lib.clover_batch_step(batch, c_cb, None)
+                    if err:
+                        raise err[0]
+                    n_c = self._check(rc, "clover_batch_step")
+                if n_c == 0:  # a sequence the mirror missed still ends here
+                    ended.extend(i for i in active if i not in ended)
+                for i in dict.fromkeys(ended):
+                    res = result(i)
+                    active.discard(i)
+                    if i < n and i not in first:
+                        first[i] = res
+                    if on_finish is not None:
+                        on_finish(i, res)
+                ended.clear()
+                if refill is not None:
+                    free = [i for i in range(self.n_seq_max) if i not in active]
+                    for seq, p, c in refill(free) if free else []:
+                        if seq not in free:
+                            raise ValueError(f"refill: sequence {seq} is not free")
+                        add(seq, p, c, True)
+                        active.add(seq)
+                        free.remove(seq)
+                if not active:
                     break
-            total_ms = (time.perf_counter() - t0) * 1e3
-            results = []
-            for i, p in enumerate(prompts):
-                k = self._check(lib.clover_batch_tokens(batch, i, None, 0), "clover_batch_tokens")
-                out = (B.llama_token * max(1, k))()
-                lib.clover_batch_tokens(batch, i, out, k)
-                results.append(GenerationResult(list(out[:k]), blocks[i], len(p), prefill_ms[i], total_ms))
         finally:
             lib.clover_batch_free(batch)
         self.last_perf = self.perf()
-        return results
+        return [first[i] for i in range(n)]
 
     def block_candidates(self, block, temperature: float, step_key: int) -> tuple[np.ndarray, np.ndarray]:
         """The device path of a denoising step: (candidate, confidence) of every masked
@@ -412,3 +496,31 @@ class RuntimeBackend:
 
     def commit(self, block):
         self.rt.commit(block, len(block))
+
+
+def _ranges(ids: list[int]) -> str:
+    ids, parts = sorted(ids), []
+    for i in ids:
+        if parts and parts[-1][1] == i - 1:
+            parts[-1][1] = i
+        else:
+            parts.append([i, i])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def placement_line(p: dict) -> str:
+    """CloverRuntime.placement in one line: the layers of each device, the MiB of weights and
+    memory of each buffer."""
+    layers = "; ".join(f"layers {_ranges(v)} on {k}" for k, v in p.get("layers", {}).items())
+    bufs = p.get("buffers", {})
+    mib = lambda d: ", ".join(f"{k} {v:.1f} MiB" for k, v in d.items())
+    parts = [layers or "layers: not logged"]
+    if p.get("output"):
+        parts.append(f"output layer on {p['output']}")
+    if p.get("offloaded_layers"):
+        parts.append(f"offloaded {p['offloaded_layers']}")
+    if bufs.get("model"):
+        parts.append("weights: " + mib(bufs["model"]))
+    if bufs.get("memory"):
+        parts.append("memory: " + mib(bufs["memory"]))
+    return "; ".join(parts)

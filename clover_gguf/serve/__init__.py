@@ -23,6 +23,7 @@ def serve(
     parallel: int = 1,
     ctx_cache: int = 16,
     ctx_size: int | None = None,
+    rpc: str | None = None,
     log=print,
 ) -> None:
     """Load MODEL and serve it until SIGTERM/SIGINT (in-flight requests finish first)."""
@@ -33,7 +34,7 @@ def serve(
     except ImportError as e:
         raise RuntimeError(f"{SERVER_EXTRA_HINT} ({e})") from None
     from ..constants import ARCH, Keys
-    from ..runtime.runtime import CloverRuntime
+    from ..runtime.runtime import CloverRuntime, placement_line
     from .engine import Engine
 
     model = Path(model)
@@ -46,7 +47,15 @@ def serve(
     # the generation loop's tensors are one block of logits: extra torch threads only contend
     # with llama.cpp's
     torch.set_num_threads(1)
-    rt = CloverRuntime(model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu)
+    # one sequence per request of a group, and one to commit finished conversations (Engine)
+    rt = CloverRuntime(
+        model,
+        n_threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        experts_on_cpu=experts_on_cpu,
+        n_seq_max=parallel + 1,
+        rpc_servers=rpc,
+    )
     ctx_meta = rt.meta(Keys.CONTEXT_LENGTH.format(arch=ARCH))
     n_ctx = int(ctx_size or (int(ctx_meta) if ctx_meta else 0) or 262144)
     cfg = ServerConfig(
@@ -61,6 +70,8 @@ def serve(
         experts_on_cpu=experts_on_cpu,
         host=host,
         port=port,
+        rpc=rt.rpc_servers,
+        placement=rt.placement,
     )
     engine = Engine(rt, parallel=parallel, ctx_cache=ctx_cache)
     app = create_app(engine, cfg)
@@ -69,6 +80,8 @@ def serve(
         f"context {n_ctx}, {rt.n_threads} threads, parallel {parallel}, ctx-cache {ctx_cache}"
         f"{', API key required' if api_key else ''})",
     )
+    if rt.rpc_servers:
+        log(f"clover-gguf serve: RPC {', '.join(rt.rpc_servers)}: {placement_line(rt.placement)}")
     try:
         uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=None)
     finally:

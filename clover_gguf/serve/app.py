@@ -51,6 +51,8 @@ class ServerConfig:
     experts_on_cpu: bool = False
     host: str = "127.0.0.1"
     port: int = 8080
+    rpc: list[str] = field(default_factory=list)
+    placement: dict = field(default_factory=dict)  # CloverRuntime.placement: layers and buffers per device
     extra: dict = field(default_factory=dict)
 
     def public(self) -> dict:

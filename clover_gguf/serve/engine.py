@@ -1,10 +1,12 @@
 """The one object that owns the CloverRuntime: a worker thread takes queued jobs, up to
-`parallel` of them as a group, and decodes them; state snapshots make a turn that extends an
-earlier history prefill only what is new.
+`parallel` of them as a group, and decodes them together (one sequence each, one graph per
+denoising step); state snapshots make a turn that extends an earlier history prefill only what
+is new.
 
-Every job goes the same way whatever the cache holds (restore or reset, commit the prompt up to
-its last full block, snapshot, then `rt.generate(..., reset=False)` on the rest), so a cache hit
-never changes an output: it equals a fresh run of the same request (docs/CONTRACTS.md).
+Every job goes the same way whatever the cache holds and whatever it is grouped with (restore or
+clear its sequence, commit the prompt up to its last full block, snapshot, then generate from
+there), so neither a cache hit nor a group changes an output: it equals a fresh run of the same
+request alone (docs/CONTRACTS.md).
 """
 
 from __future__ import annotations
@@ -47,17 +49,34 @@ class Job:
 
 
 class Engine:
+    """`rt` needs n_seq_max >= parallel + 1: sequences 0 .. parallel-1 decode a group, the last one
+    commits finished conversations for the snapshot of their next turn."""
+
     def __init__(self, rt, parallel: int = 1, ctx_cache: int = 16):
         self.rt = rt
         self.parallel = max(1, int(parallel))
+        if rt.n_seq_max < self.parallel + 1:
+            raise ValueError(f"Engine(parallel={self.parallel}) needs a runtime with n_seq_max >= {self.parallel + 1}")
+        self.scratch = rt.n_seq_max - 1
         self.cache = StateCache(ctx_cache)
         lc, vocab = rt._lib.lc, rt.vocab
         self.eog = {t for t in range(rt.n_vocab) if lc.llama_vocab_is_eog(vocab, t)}
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._pending: list[tuple[list[int], int]] = []  # histories to snapshot when idle
         self.counters = dict(
-            requests=0, cancelled=0, errors=0, prefill_tokens=0, reused_tokens=0, groups=0, largest_group=0
+            requests=0,
+            cancelled=0,
+            errors=0,
+            prefill_tokens=0,
+            reused_tokens=0,
+            history_tokens=0,
+            groups=0,
+            largest_group=0,
+            # denoising graphs run, and the steps of every sequence: fewer graphs than sequence
+            # steps is the proof that requests were decoded together; largest_group: the most
+            # requests decoding at once
+            denoise_graphs=0,
+            sequence_steps=0,
         )
 
     # ------------------------------------------------------------------ lifetime
@@ -95,98 +114,189 @@ class Engine:
                     self._q.put(None)
                     break
                 group.append(nxt)
-            self.counters["groups"] += 1
-            self.counters["largest_group"] = max(self.counters["largest_group"], len(group))
             self.run_group(group)
-            while self._pending and self._q.empty():
-                self._snapshot_history(*self._pending.pop())
-            self._pending.clear()
 
     def run_group(self, jobs: list[Job]) -> None:
-        """Decode the jobs that waited together. The runtime decodes one sequence, so they run one
-        after the other, each exactly as it would alone. A batched runtime replaces the loop over
-        `_decode` by one call for all of them (each job's `_prepare` on its own sequence first)."""
-        for job in jobs:
+        """Decode the jobs that waited together, and those that arrive meanwhile: each is
+        prepared on a free sequence (restore or clear, commit the prompt up to its last full
+        block), then one generate_batch decodes them all, every denoising step one graph with the
+        current block of each unfinished job; a job that arrives while others decode joins at
+        the next step, on the sequence of one that ended (continuous batching). A job is
+        reported done as soon as it ends, after its history snapshot is stored."""
+        runs: dict[int, _Run] = {}  # sequence -> the job decoding there
+
+        def start(job: Job, seq: int) -> bool:
             if job.cancelled.is_set():
                 self.counters["cancelled"] += 1
                 _send(job, {"type": "error", "message": "cancelled before it started"})
-                continue
+                return False
             try:
-                start, t_prefill = self._prepare(job)
-                self._decode(job, start, t_prefill)
+                runs[seq] = _Run(self, job, seq, *self._prepare(job, seq))
             except Exception as e:  # one failed request must not stop the server
                 self.counters["errors"] += 1
                 _send(job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
+                return False
+            runs[seq].t0 = time.perf_counter()
+            live = sum(not r.finished for r in runs.values())
+            self.counters["largest_group"] = max(self.counters["largest_group"], live)
+            return True
+
+        first: list[_Run] = []
+        for job in jobs:
+            if start(job, len(first)):
+                first.append(runs[len(first)])
+        if not first:
+            return
+        self.counters["groups"] += 1
+
+        def refill(free: list[int]) -> list[tuple[int, list[int], GenerationConfig]]:
+            out = []
+            for seq in (q for q in free if q < self.parallel):  # the last sequence is the scratch one
+                while (job := self._take()) is not None:
+                    if start(job, seq):
+                        r = runs[seq]
+                        out.append((seq, job.prompt[r.start :], job.cfg))
+                        break
+                else:
+                    break
+            return out
+
+        try:
+            self.rt.generate_batch(
+                [r.job.prompt[r.start :] for r in first],
+                [r.job.cfg for r in first],
+                on_block=lambda i, toks, st: runs[i].on_block(toks, st),
+                reset=False,
+                on_finish=lambda i, res: runs[i].finish(res),
+                refill=refill,
+            )
+            self.counters["denoise_graphs"] += int((self.rt.last_perf or {}).get("n_steps", 0))
+        except Exception as e:
+            for r in runs.values():
+                if not r.finished:
+                    r.finished = True
+                    self.counters["errors"] += 1
+                    _send(r.job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
+
+    def _take(self) -> Job | None:
+        """A queued job, without waiting; None when there is none or the engine is closing."""
+        try:
+            job = self._q.get_nowait()
+        except queue.Empty:
+            return None
+        if job is None:
+            self._q.put(None)  # closing: the worker loop sees it after this group
+        return job
 
     # ------------------------------------------------------------------ one job
-    def _prepare(self, job: Job) -> tuple[int, float]:
-        """Restore the longest cached prefix (else reset) and commit the prompt up to its last
-        full block, snapshotting there. Returns (position generation starts from, seconds)."""
+    def _prepare(self, job: Job, seq: int) -> tuple[int, float]:
+        """Restore the longest cached prefix into sequence `seq` (else clear it) and commit the
+        prompt up to its last full block, snapshotting there. Returns (position generation starts
+        from, seconds)."""
         rt, P, B = self.rt, job.prompt, job.cfg.block_size
         t0 = job.t_start = time.perf_counter()
         n, snap = self.cache.lookup(P, B) if job.cache and self.cache.capacity else (0, None)
         if snap is not None:
-            rt.load_state(snap)
+            rt.load_state(snap, seq)
         else:
-            rt.reset()
+            rt.reset(seq)
             n = 0
         job.reused = start = n
         if job.cache and self.cache.capacity:
             for m in sorted({k // B * B for k in [*job.snapshot_at, len(P)] if k <= len(P)}):
                 if m > start:
-                    rt.commit(P[start:m], B)
-                    self.cache.store(P[:m], B, rt.save_state())
+                    rt.commit(P[start:m], B, seq)
+                    self.cache.store(P[:m], B, rt.save_state(seq))
                     start = m
         return start, time.perf_counter() - t0
 
-    def _decode(self, job: Job, start: int, t_prefill: float) -> None:
-        rt, cfg = self.rt, job.cfg
-        self.counters["requests"] += 1
-        text = TextStream(rt.detokenize, job.stop)
-        out: list[int] = []
-        state = {"finish": None, "eog": None, "t_first": None}
-        t0 = time.perf_counter()
+    def _snapshot_history(self, hist: list[int], B: int) -> None:
+        """Commit prompt + reply up to its last full block on the scratch sequence and keep the
+        snapshot: the next turn of the conversation then prefills only what follows."""
+        target = len(hist) // B * B
+        if target == 0 or self.cache.has(hist[:target], B):
+            return
+        rt, seq = self.rt, self.scratch
+        try:
+            n, snap = self.cache.lookup(hist[:target], B)
+            if snap is not None:
+                rt.load_state(snap, seq)
+            else:
+                rt.reset(seq)
+                n = 0
+            rt.commit(hist[n:target], B, seq)
+            self.cache.store(hist[:target], B, rt.save_state(seq))
+            self.counters["history_tokens"] += target - n
+        except Exception:  # only an optimisation: the next turn prefills these tokens itself
+            self.counters["errors"] += 1
 
-        def on_block(toks: list[int], st: BlockStats):
-            if state["t_first"] is None:
-                state["t_first"] = time.perf_counter()
-            cut = next((i for i, t in enumerate(toks) if t in self.eog), None)
-            if cut is not None:
-                state["eog"] = toks[cut]
-                toks = toks[:cut]
-                state["finish"] = "stop"
-            out.extend(toks)
-            last = cut is not None or len(out) >= cfg.max_new_tokens
-            delta = text.feed(toks, last=last)
-            if text.stopped:
-                state["finish"] = "stop"
-            _send(job, {"type": "block", "text": delta, "n_tokens": st.n_tokens, "steps": st.steps})
-            if job.cancelled.is_set():
-                state["finish"] = "cancelled"
-                return False
-            return state["finish"] is None
 
-        res = rt.generate(job.prompt[start:], cfg, on_block=on_block, reset=False)
+class _Run:
+    """One job of a group while it decodes: its block callback and its end."""
+
+    def __init__(self, engine: Engine, job: Job, seq: int, start: int, t_prefill: float):
+        self.e, self.job, self.seq, self.start, self.t_prefill = engine, job, seq, start, t_prefill
+        self.text = TextStream(engine.rt.detokenize, job.stop)
+        self.out: list[int] = []
+        self.finish_reason: str | None = None
+        self.eog: int | None = None
+        self.t0 = self.t_first = self.t_last = 0.0
+        self.n_gen = 0
+        self.finished = False
+        engine.counters["requests"] += 1
+
+    def on_block(self, toks: list[int], st: BlockStats) -> bool:
+        self.t_last = time.perf_counter()
+        self.t_first = self.t_first or self.t_last
+        self.n_gen += st.n_tokens
+        cut = next((i for i, t in enumerate(toks) if t in self.e.eog), None)
+        if cut is not None:
+            self.eog = toks[cut]
+            toks = toks[:cut]
+            self.finish_reason = "stop"
+        self.out.extend(toks)
+        last = cut is not None or self.n_gen >= self.job.cfg.max_new_tokens
+        delta = self.text.feed(toks, last=last)
+        if self.text.stopped:
+            self.finish_reason = "stop"
+        _send(self.job, {"type": "block", "text": delta, "n_tokens": st.n_tokens, "steps": st.steps})
+        if self.job.cancelled.is_set():
+            self.finish_reason = "cancelled"
+            return False
+        return self.finish_reason is None
+
+    def finish(self, res) -> None:
+        """The sequence has ended: store the snapshot of the conversation as the next turn will
+        start (before reporting done, so that a next turn sent at once finds it), then report."""
+        self.finished = True
+        e, job, cfg = self.e, self.job, self.job.cfg
         t_end = time.perf_counter()
-        if state["finish"] is None:
-            state["finish"] = "length"
-            tail = text.feed([], last=True)
+        if self.finish_reason is None:
+            self.finish_reason = "length"
+            tail = self.text.feed([], last=True)
             if tail:
                 _send(job, {"type": "block", "text": tail, "n_tokens": 0, "steps": 0})
-        if state["finish"] == "cancelled":
-            self.counters["cancelled"] += 1
+        if self.finish_reason == "cancelled":
+            e.counters["cancelled"] += 1
+        elif job.cache and e.cache.capacity:
+            end = [] if self.eog is None else [self.eog]
+            try:
+                hist = job.history(self.text.text) if job.history else job.prompt + self.out + end
+            except Exception:  # only an optimisation: the next turn prefills these tokens itself
+                hist = []
+            e._snapshot_history(hist, cfg.block_size)
         prefill_tokens = len(job.prompt) - job.reused
-        self.counters["prefill_tokens"] += prefill_tokens
-        self.counters["reused_tokens"] += job.reused
+        e.counters["prefill_tokens"] += prefill_tokens
+        e.counters["reused_tokens"] += job.reused
         steps = sum(b.steps for b in res.blocks)
+        e.counters["sequence_steps"] += steps
         gen_tokens = sum(b.n_tokens for b in res.blocks)
-        prefill_ms = t_prefill * 1e3 + res.prefill_ms
-        t_first = state["t_first"] or t_end
+        t_gen_end = self.t_last or t_end
         ms = lambda a, b: (b - a) * 1e3
         usage = {
             "prompt_tokens": len(job.prompt),
-            "completion_tokens": len(out),
-            "total_tokens": len(job.prompt) + len(out),
+            "completion_tokens": len(self.out),
+            "total_tokens": len(job.prompt) + len(self.out),
             "prompt_tokens_details": {"cached_tokens": job.reused},
             "clover": {
                 "block_size": cfg.block_size,
@@ -197,41 +307,18 @@ class Engine:
                 "steps": steps,
                 "generated_tokens": gen_tokens,
                 "tokens_per_step": gen_tokens / steps if steps else None,
+                "sequence": self.seq,
                 "timings": {
                     "queue_ms": ms(job.t_submit, job.t_start),
-                    "prefill_ms": prefill_ms,
-                    "first_block_ms": ms(job.t_start, t_first),
-                    "generation_ms": ms(t0, t_end) - res.prefill_ms,
-                    "total_ms": ms(job.t_start, t_end),
+                    "prefill_ms": self.t_prefill * 1e3 + res.prefill_ms,
+                    "first_block_ms": ms(job.t_start, self.t_first or t_gen_end),
+                    "generation_ms": max(0.0, ms(self.t0, t_gen_end) - res.prefill_ms),
+                    "history_ms": ms(t_end, time.perf_counter()),
+                    "total_ms": ms(job.t_start, time.perf_counter()),
                 },
             },
         }
-        _send(job, {"type": "done", "text": text.text, "finish_reason": state["finish"], "usage": usage})
-        if job.cache and self.cache.capacity and state["finish"] != "cancelled":
-            end = [] if state["eog"] is None else [state["eog"]]
-            try:
-                hist = job.history(text.text) if job.history else job.prompt + out + end
-            except Exception:  # only an optimisation: the next turn prefills these tokens itself
-                hist = []
-            self._pending.append((hist, cfg.block_size))
-
-    def _snapshot_history(self, hist: list[int], B: int) -> None:
-        """Commit prompt + reply up to its last full block and keep the snapshot: the next turn of
-        the conversation then prefills only what follows (done when no job is waiting)."""
-        target = len(hist) // B * B
-        if target == 0 or self.cache.has(hist[:target], B):
-            return
-        try:
-            n, snap = self.cache.lookup(hist[:target], B)
-            if snap is not None:
-                self.rt.load_state(snap)
-            else:
-                self.rt.reset()
-                n = 0
-            self.rt.commit(hist[n:target], B)
-            self.cache.store(hist[:target], B, self.rt.save_state())
-        except Exception:  # only an optimisation: the next turn prefills these tokens itself
-            self.counters["errors"] += 1
+        _send(job, {"type": "done", "text": self.text.text, "finish_reason": self.finish_reason, "usage": usage})
 
 
 def _thr(cfg: GenerationConfig) -> float:

@@ -373,6 +373,91 @@ def test_batch_equals_alone(vec_gguf):
     assert perf["n_steps"] < sum(b.steps for r in together for b in r.blocks)
 
 
+def test_batch_mixes_block_lengths(vec_gguf):
+    """Greedy sequences whose current blocks differ in length (a short last block, another block
+    size) in the same steps: each block stays whole in its graph, so each sequence gives the tokens
+    it gives alone; on_finish reports each sequence once, with its result, as it ends."""
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    rng = random.Random(6)
+    prompts = [[rng.randrange(90) for _ in range(n)] for n in (7, 12, 3, 9)]
+    cfgs = [
+        GenerationConfig(max_new_tokens=24, block_size=8, steps=4),
+        GenerationConfig(max_new_tokens=13, block_size=8, steps=4),  # last block of 5
+        GenerationConfig(max_new_tokens=18, block_size=6, threshold=0.3),
+        GenerationConfig(max_new_tokens=0, block_size=8),  # nothing to generate
+    ]
+    finished = []
+    with CloverRuntime(vec_gguf, n_threads=1, n_seq_max=4, n_ubatch=32) as rt:
+        together = rt.generate_batch(prompts, cfgs, on_finish=lambda i, r: finished.append((i, r.tokens)))
+        alone = [rt.generate(p, c).tokens for p, c in zip(prompts, cfgs)]
+    assert [r.tokens for r in together] == alone
+    assert alone[3] == [] and all(alone[:3])
+    assert sorted(i for i, _ in finished) == [0, 1, 2, 3]
+    assert dict(finished) == {i: r.tokens for i, r in enumerate(together)}
+    assert finished[0][0] == 3  # ended before the first step
+
+
+def test_batch_refill_joins_between_steps(vec_gguf):
+    """A sequence started between steps on the sequence of one that ended (continuous batching)
+    gives the tokens it gives alone; so do the others."""
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    rng = random.Random(7)
+    prompts = [[rng.randrange(90) for _ in range(n)] for n in (5, 9, 6)]
+    cfgs = [GenerationConfig(max_new_tokens=m, block_size=8, steps=4) for m in (8, 24, 16)]
+    waiting, seen, ends = [2], [], []
+
+    def refill(free):
+        seen.append(list(free))
+        if waiting and 0 in free:
+            rt.reset(0)  # the ended sequence's memory: cleared, as the server restores or clears it
+            return [(0, prompts[waiting.pop()], cfgs[2])]
+        return []
+
+    with CloverRuntime(vec_gguf, n_threads=1, n_seq_max=3, n_ubatch=32) as rt:
+        res = rt.generate_batch(prompts[:2], cfgs[:2], refill=refill, on_finish=lambda i, r: ends.append((i, r.tokens)))
+        alone = [rt.generate(p, c).tokens for p, c in zip(prompts, cfgs)]
+    assert [r.tokens for r in res] == alone[:2]
+    assert seen[0] == [2] and not waiting  # joined only once sequence 0 was free
+    assert ends == [(0, alone[0]), (1, alone[1]), (0, alone[2])] or ends == [
+        (0, alone[0]),
+        (0, alone[2]),
+        (1, alone[1]),
+    ]
+
+
+def test_sequences_commit_and_snapshot_like_sequence_0(vec_gguf):
+    """commit / save_state / load_state / reset on sequence k act on k only, and a snapshot of
+    one sequence restores into another bit for bit (the server restores snapshots anywhere)."""
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    rng = random.Random(8)
+    toks = [rng.randrange(90) for _ in range(16)]  # full blocks: a restored run continues a fresh one
+    mem = lambda blob: blob[8:]  # noqa: E731 - llama.cpp's 8-byte header names the sequence saved
+    with CloverRuntime(vec_gguf, n_threads=1, n_seq_max=3, n_ubatch=32) as rt:
+        rt.reset()
+        rt.commit(toks, 8)
+        want = rt.save_state()
+        rt.reset()
+        rt.commit(toks[:8], 8, seq=2)
+        rt.commit(toks[8:], 8, seq=2)
+        assert mem(rt.save_state(2)) == mem(want)
+        assert rt.n_committed == 0  # sequence 0 untouched
+        rt.load_state(want, 1)
+        assert mem(rt.save_state(1)) == mem(want)
+        rt.reset(2)
+        assert mem(rt.save_state(2)) != mem(want) and mem(rt.save_state(1)) == mem(want)
+        cfg = GenerationConfig(max_new_tokens=16, block_size=8, steps=4)
+        fresh = rt.generate(toks + [5, 6], cfg).tokens
+        rt.reset()
+        rt.load_state(want, 1)
+        got = rt.generate_batch([[], [5, 6]], [GenerationConfig(max_new_tokens=0, block_size=8), cfg], reset=False)
+        assert got[1].tokens == fresh
+        with pytest.raises(ValueError, match="sequence 3 outside"):
+            rt.save_state(3)
+
+
 # ----------------------------------------------------------------------------- clover-tiny
 
 

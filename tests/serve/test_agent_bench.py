@@ -62,3 +62,26 @@ def test_agent_bench_against_the_server(server, tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Replies identical cold vs warm: 1 of 1" in md and "timeline.png" in md
     assert run["config"]["server"]["config"]["ctx_cache"] == 32 and run["config"]["environment"]["cpu"]
+
+
+def test_throughput_bench(tiny_gguf, tmp_path):
+    """`clover-gguf eval throughput`: one server per N, replies equal N = 1's, and at N = 2 the two
+    clients' requests share denoising graphs."""
+    from click.testing import CliRunner
+
+    from clover_gguf.cli import cli
+
+    out = tmp_path / "thr"
+    args = ["eval", "throughput", str(tiny_gguf), "-t", "1", "--parallel", "1,2", "--runs", "2", "--max-tokens", "16"]
+    r = CliRunner().invoke(cli, args + ["--requests", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    run = json.loads((out / "throughput.json").read_text())
+    one, two = run["results"]
+    assert (one["parallel"], two["parallel"]) == (1, 2) and two["same_replies_as_first"]
+    assert one["denoise_graphs"] == one["sequence_steps"] > 0
+    assert two["largest_group"] == 2 and two["denoise_graphs"] < two["sequence_steps"]
+    assert all(x["tok_per_s"]["n"] == 2 and x["tok_per_s"]["median"] > 0 for x in (one, two))
+    md = (out / "throughput.md").read_text()
+    assert "| 2 |" in md and "load average" in md
+    bad = CliRunner().invoke(cli, ["eval", "throughput", str(tiny_gguf), "--parallel", "0"])
+    assert bad.exit_code != 0 and "each N must be in [1, 64]" in bad.output

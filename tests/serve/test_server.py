@@ -74,7 +74,8 @@ def test_completions_match_the_runtime(client, model_id, rt, expect):
         assert c["blocks"] == math.ceil(c["generated_tokens"] / B) and c["steps"] >= c["blocks"]
         assert c["tokens_per_step"] == pytest.approx(c["generated_tokens"] / c["steps"])
         assert c["prefill_tokens"] + c["reused_tokens"] == len(ids)
-        assert set(c["timings"]) == {"queue_ms", "prefill_ms", "first_block_ms", "generation_ms", "total_ms"}
+        timings = {"queue_ms", "prefill_ms", "first_block_ms", "generation_ms", "history_ms", "total_ms"}
+        assert set(c["timings"]) == timings and c["sequence"] == 0
     # a prompt given as token ids, and the steps schedule of the extension object
     ids = rt.tokenize(PROMPTS[2])
     r = client.completions.create(model=model_id, prompt=ids, max_tokens=32, extra_body={"clover": {"steps": 4}})
