@@ -205,6 +205,15 @@ def fetch_sdist(dest: Path | None = None) -> Path:
     return path
 
 
+def extract_tar(tf: tarfile.TarFile, dest: Path, members=None) -> None:
+    """extractall with the "data" filter where this Python has it (3.11.4+); the sdist is pinned
+    by its sha256, so older 3.11s extract it as it is."""
+    if hasattr(tarfile, "data_filter"):
+        tf.extractall(dest, members=members, filter="data")
+    else:
+        tf.extractall(dest, members=members)
+
+
 def unpack_sdist(sdist: Path, dest: Path) -> Path:
     """Unpack into dest (removed first); returns dest (the sdist's top folder)."""
     if dest.exists():
@@ -214,7 +223,7 @@ def unpack_sdist(sdist: Path, dest: Path) -> Path:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     with tarfile.open(sdist) as tf:
-        tf.extractall(tmp, filter="data")
+        extract_tar(tf, tmp)
     (top,) = list(tmp.iterdir())
     top.rename(dest)
     tmp.rmdir()

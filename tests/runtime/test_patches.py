@@ -32,7 +32,7 @@ def test_series_applies_to_fresh_sdist(tmp_path):
                 and rel.startswith("vendor/llama.cpp/")
             ):
                 members.append(m)
-        tf.extractall(tmp_path, members=members, filter="data")
+        rb.extract_tar(tf, tmp_path, members)
     tree = tmp_path / prefix.rstrip("/")
     tree.mkdir(exist_ok=True)
     (tree / "vendor" / "llama.cpp").mkdir(parents=True, exist_ok=True)
