@@ -113,6 +113,12 @@ MAX_BLOCK = 1024  # limits.py: diffusion.block_size
     help="Keep tensors whose name matches REGEX in CPU memory, as llama.cpp's -ot (repeatable; .gguf only).",
 )
 @click.option(
+    "--fit/--no-fit",
+    default=None,
+    help="Keep as many leading layers' routed experts in CPU memory as the free VRAM needs, and say so "
+    "[default: on with -ngl unless -ot/--experts-on-cpu is given].",
+)
+@click.option(
     "--dtype",
     type=click.Choice(["float32", "bfloat16"]),
     default="float32",
@@ -140,6 +146,7 @@ def run_cmd(
     n_gpu_layers,
     experts_on_cpu,
     override_tensor,
+    fit,
     dtype,
     as_json,
     debug,
@@ -182,6 +189,8 @@ def run_cmd(
             experts_on_cpu=experts_on_cpu,
             override_tensor=override_tensor,
             dtype=dtype,
+            fit=fit,
+            log=lambda m: click.echo(m, err=True),
         )
     except (ValueError, ConfigError, RuntimeError_, RuntimeNotBuilt) as e:
         raise click.ClickException(str(e)) from None
@@ -530,12 +539,18 @@ def plan_cmd(
 @click.option("--port", default=8080, show_default=True)
 @click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, help="Layers offloaded to the GPU.")
 @click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading.")
+@click.option(
+    "--fit/--no-fit",
+    default=None,
+    help="Keep as many leading layers' routed experts in CPU memory as the free VRAM needs "
+    "[default: on with -ngl unless --experts-on-cpu].",
+)
 @click.option("-t", "--threads", type=int, help="CPU threads.")
 @click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="Require this key (Bearer) on every route but /health.")
 @click.option("-np", "--parallel", default=1, show_default=True, help="Requests decoded as one group.")
 @click.option("--ctx-cache", default=16, show_default=True, help="Memory snapshots kept for state reuse (0: off).")
 @click.option("-c", "--ctx-size", type=int, help="Context limit in tokens [default: the GGUF's context_length].")
-def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, threads, api_key, parallel, ctx_cache, ctx_size):
+def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, fit, threads, api_key, parallel, ctx_cache, ctx_size):
     """OpenAI-compatible server for a Clover GGUF: /v1/completions and /v1/chat/completions
     (SSE streaming, one event per committed block), /v1/models, /health, /props. A turn that
     extends an earlier conversation prefills only its new tokens. Needs `pip install 'clover-gguf[server]'`.
@@ -558,6 +573,7 @@ def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, threads, api_key,
             threads=threads,
             n_gpu_layers=n_gpu_layers,
             experts_on_cpu=experts_on_cpu,
+            fit=fit,
             api_key=api_key,
             parallel=parallel,
             ctx_cache=ctx_cache,

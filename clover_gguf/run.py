@@ -85,6 +85,8 @@ def run(
     override_tensor=(),
     dtype: str = "float32",
     on_block=None,
+    fit: bool | None = None,
+    log=None,
 ) -> RunOutput:
     """Generate a completion. `model` is a safetensors model folder or a .gguf file."""
     model = Path(model)
@@ -100,10 +102,15 @@ def run(
         seed=seed,
     )
     if model.suffix == ".gguf":
+        from .plan.placement import fit_overrides
         from .runtime.bindings import parse_override
         from .runtime.runtime import CloverRuntime
 
         cpu_tensors = [parse_override(s) for s in override_tensor]
+        # --fit: the leading layers' experts that must stay in CPU memory for the rest to fit
+        explicit = bool(override_tensor) or experts_on_cpu
+        log = log or (lambda m: print(m, file=sys.stderr))
+        cpu_tensors += [parse_override(s) for s in fit_overrides(model, n_gpu_layers, fit, explicit, log=log)]
         rt = CloverRuntime(
             model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu, cpu_tensors=cpu_tensors
         )

@@ -19,6 +19,7 @@ def serve(
     threads: int | None = None,
     n_gpu_layers: int = 0,
     experts_on_cpu: bool = False,
+    fit: bool | None = None,
     api_key: str | None = None,
     parallel: int = 1,
     ctx_cache: int = 16,
@@ -46,7 +47,18 @@ def serve(
     # the generation loop's tensors are one block of logits: extra torch threads only contend
     # with llama.cpp's
     torch.set_num_threads(1)
-    rt = CloverRuntime(model, n_threads=threads, n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu)
+    from ..plan.placement import fit_overrides
+    from ..runtime.bindings import parse_override
+
+    # --fit: sized for `parallel` sequences' state
+    ot = fit_overrides(model, n_gpu_layers, fit, experts_on_cpu, n_seq=parallel, log=log)
+    rt = CloverRuntime(
+        model,
+        n_threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        experts_on_cpu=experts_on_cpu,
+        cpu_tensors=[parse_override(s) for s in ot],
+    )
     ctx_meta = rt.meta(Keys.CONTEXT_LENGTH.format(arch=ARCH))
     n_ctx = int(ctx_size or (int(ctx_meta) if ctx_meta else 0) or 262144)
     cfg = ServerConfig(
