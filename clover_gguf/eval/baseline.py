@@ -9,6 +9,8 @@ Files (convert options):
   Q4_0-experts      experts Q4_0, the rest BF16
   Q4_K_M            recipe q4_k_m: experts Q4_K with ffn_down_exps Q5_K, attention/shared/
                     embeddings Q8_0, output Q6_K
+  Q3_K-/IQ3_S-/IQ2_M-experts  experts Q3_K / IQ3_S / IQ2_S, the rest BF16, with an imatrix;
+                    added to the bundle with ``add_rows`` (``eval baseline --add``)
 
 Stages (``stage``): files, quality, sensitivity, speed, bundle, or all (in that order).
 Each stage writes its JSON under the work dir, so stages can run as separate processes and
