@@ -132,3 +132,9 @@ def test_run_cpu_build_says_nothing_to_fit(tiny_gguf):
     assert r.exit_code == 0 and "fit:" not in r.stderr
     r = CliRunner().invoke(cli, [*args, "-ngl", "99", "--fit", "-ot", "exps=CPU"])
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "not both" in r.output
+
+
+def test_serve_fit_with_own_placement_is_one_line(tiny_gguf):
+    """serve takes --fit too, and refuses it next to --experts-on-cpu before loading anything."""
+    r = CliRunner().invoke(cli, ["serve", str(tiny_gguf), "-ngl", "99", "--fit", "--experts-on-cpu"])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "not both" in r.output
