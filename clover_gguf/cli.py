@@ -113,6 +113,12 @@ MAX_BLOCK = 1024  # limits.py: diffusion.block_size
     help="Keep tensors whose name matches REGEX in CPU memory, as llama.cpp's -ot (repeatable; .gguf only).",
 )
 @click.option(
+    "--fit/--no-fit",
+    default=None,
+    help="Keep as many leading layers' routed experts in CPU memory as the free VRAM needs, and say so "
+    "[default: on with -ngl unless -ot/--experts-on-cpu is given].",
+)
+@click.option(
     "--dtype",
     type=click.Choice(["float32", "bfloat16"]),
     default="float32",
@@ -145,6 +151,7 @@ def run_cmd(
     n_gpu_layers,
     experts_on_cpu,
     override_tensor,
+    fit,
     dtype,
     rpc,
     as_json,
@@ -190,6 +197,8 @@ def run_cmd(
             override_tensor=override_tensor,
             dtype=dtype,
             rpc=rpc,
+            fit=fit,
+            log=lambda m: click.echo(m, err=True),
         )
     except (ValueError, ConfigError, RuntimeError_, RuntimeNotBuilt) as e:
         raise click.ClickException(str(e)) from None
@@ -538,6 +547,12 @@ def plan_cmd(
 @click.option("--port", default=8080, show_default=True)
 @click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, help="Layers offloaded to the GPU.")
 @click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading.")
+@click.option(
+    "--fit/--no-fit",
+    default=None,
+    help="Keep as many leading layers' routed experts in CPU memory as the free VRAM needs "
+    "[default: on with -ngl unless --experts-on-cpu].",
+)
 @click.option("-t", "--threads", type=int, help="CPU threads.")
 @click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="Require this key (Bearer) on every route but /health.")
 @click.option(
@@ -555,7 +570,9 @@ def plan_cmd(
     metavar="HOST:PORT[,...]",
     help="llama.cpp rpc-server(s) to offload -ngl layers to (comma-separated).",
 )
-def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, threads, api_key, parallel, ctx_cache, ctx_size, rpc):
+def serve_cmd(
+    model, host, port, n_gpu_layers, experts_on_cpu, fit, threads, api_key, parallel, ctx_cache, ctx_size, rpc
+):
     """OpenAI-compatible server for a Clover GGUF: /v1/completions and /v1/chat/completions
     (SSE streaming, one event per committed block), /v1/models, /health, /props. A turn that
     extends an earlier conversation prefills only its new tokens. Needs `pip install 'clover-gguf[server]'`.
@@ -579,6 +596,7 @@ def serve_cmd(model, host, port, n_gpu_layers, experts_on_cpu, threads, api_key,
             threads=threads,
             n_gpu_layers=n_gpu_layers,
             experts_on_cpu=experts_on_cpu,
+            fit=fit,
             api_key=api_key,
             parallel=parallel,
             ctx_cache=ctx_cache,

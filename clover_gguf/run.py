@@ -88,6 +88,8 @@ def run(
     dtype: str = "float32",
     on_block=None,
     rpc: str | None = None,
+    fit: bool | None = None,
+    log=None,
 ) -> RunOutput:
     """Generate a completion. `model` is a safetensors model folder or a .gguf file. `rpc`:
     llama.cpp RPC servers 'HOST:PORT[,...]' that -ngl layers are offloaded to (.gguf only)."""
@@ -106,10 +108,17 @@ def run(
     if rpc is not None and model.suffix != ".gguf":
         raise ValueError("--rpc needs a .gguf model (llama.cpp's RPC backend)")
     if model.suffix == ".gguf":
+        from .plan.placement import fit_overrides
         from .runtime.bindings import parse_override
         from .runtime.runtime import CloverRuntime
 
         cpu_tensors = [parse_override(s) for s in override_tensor]
+        # --fit: the leading layers' experts that must stay in CPU memory for the rest to fit
+        # (local GPUs only: rpc-servers place their own share)
+        explicit = bool(override_tensor) or experts_on_cpu
+        log = log or (lambda m: print(m, file=sys.stderr))
+        if not (rpc and fit is None):
+            cpu_tensors += [parse_override(s) for s in fit_overrides(model, n_gpu_layers, fit, explicit, log=log)]
         rt = CloverRuntime(
             model,
             n_threads=threads,

@@ -9,6 +9,8 @@ Files (convert options):
   Q4_0-experts      experts Q4_0, the rest BF16
   Q4_K_M            recipe q4_k_m: experts Q4_K with ffn_down_exps Q5_K, attention/shared/
                     embeddings Q8_0, output Q6_K
+  Q3_K-/IQ3_S-/IQ2_M-experts  experts Q3_K / IQ3_S / IQ2_S, the rest BF16, with an imatrix;
+                    added to the bundle with ``add_rows`` (``eval baseline --add``)
 
 Stages (``stage``): files, quality, sensitivity, speed, bundle, or all (in that order).
 Each stage writes its JSON under the work dir, so stages can run as separate processes and
@@ -32,20 +34,107 @@ BASELINE_FILES = [
 ]
 STAGES = ("files", "quality", "sensitivity", "speed", "bundle")
 
+# low-bit expert types (the plan's fit candidates): they need an imatrix (IQ2_S) or gain from
+# one (Q3_K, IQ3_S); added to an existing baseline with --stage add (only their rows run)
+LOWBIT_FILES = [
+    ("Q3_K-experts", dict(outtype="bf16", experts="q3_k")),
+    ("IQ3_S-experts", dict(outtype="bf16", experts="iq3_s")),
+    ("IQ2_M-experts", dict(outtype="bf16", experts="iq2_s")),
+]
+FILE_SETS = {n: kw for n, kw in BASELINE_FILES + LOWBIT_FILES}
 
-def make_files(reference, work_dir, files=BASELINE_FILES, log=print) -> list[tuple[str, Path, dict]]:
+
+def make_files(reference, work_dir, files=BASELINE_FILES, log=print, imatrix=None) -> list[tuple[str, Path, dict]]:
+    """Convert the files (an imatrix, when given, goes to every one). The returned options
+    name the imatrix, so the report says how each file was made."""
     from ..convert.converter import convert
 
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     out = []
     for name, kw in files:
+        if imatrix:
+            kw = {**kw, "imatrix": str(imatrix)}
         p = work / f"clover-tiny-{name}.gguf"
         if not p.exists():
             log(f"convert {name}: {kw}")
             convert(reference, p, progress=False, log=lambda *a, **k: None, **kw)
         out.append((name, p, kw))
     return out
+
+
+def add_rows(
+    reference,
+    out_dir,
+    work_dir,
+    names: list[str],
+    imatrix=None,
+    sampling=None,
+    generation=None,
+    threads: int | None = None,
+    runtime_threads: int | None = None,
+    log=print,
+) -> dict:
+    """Add (or redo) the quality rows of these files in the committed bundle (out_dir/run.json)
+    and render it again: the other rows, the sensitivity and the speed sections stay as they
+    were. The sample must be the bundle's own (same windows, blocks, seed, prompts), so the new
+    rows compare with the old ones."""
+    from .backends import runtime_status
+    from .quality import Generation, Sampling, run_quality
+    from .report import render
+
+    out, work = Path(out_dir), Path(work_dir)
+    run_file = out / "run.json"
+    if not run_file.is_file():
+        raise FileNotFoundError(f"{run_file}: no baseline to add rows to (run the whole baseline first)")
+    unknown = [n for n in names if n not in FILE_SETS]
+    if unknown or not names:
+        raise ValueError(f"--add {', '.join(unknown) or '(none)'}: known files are {', '.join(FILE_SETS)}")
+    bundle = json.loads(run_file.read_text())
+    q_old = bundle["sections"]["quality"]
+    sampling, generation = sampling or Sampling(), generation or Generation()
+    old, old_gen = q_old["config"], q_old["config"]["generation"]
+    want = {
+        "n_windows": (old["n_windows"], sampling.n_windows),
+        "n_blocks": (old["n_blocks"], sampling.n_blocks),
+        "seed": (old["seed"], sampling.seed),
+        "n_prompts": (old_gen["n_prompts"], generation.n_prompts or old_gen["n_prompts"]),
+        "max_new_tokens": (old_gen["max_new_tokens"], generation.max_new_tokens),
+    }
+    bad = [f"{k} {new} (the baseline's: {was})" for k, (was, new) in want.items() if was != new]
+    if bad:
+        raise ValueError(f"--stage add: a different sample than the baseline's: {'; '.join(bad)}")
+    files = make_files(reference, work, [(n, FILE_SETS[n]) for n in names], log=log, imatrix=imatrix)
+    rt_ok = runtime_status()[0]
+    q = run_quality(
+        reference,
+        [p for _, p, _ in files],
+        sampling,
+        replace(
+            generation, n_prompts=old_gen["n_prompts"], providers=("runtime",) if rt_ok else ("reference-dequant",)
+        ),
+        "both" if rt_ok else "reference",
+        work / "quality-add",
+        threads=threads,
+        runtime_threads=runtime_threads,
+        names=names,
+        log=log,
+    ).to_dict()
+    if q["samples"]["fingerprint"] != q_old["samples"]["fingerprint"]:
+        raise ValueError("--stage add: the held-out sample differs from the baseline's (another corpus or tokenizer)")
+    for m, (_, _, kw) in zip(q["models"], files):
+        m["convert_options"] = kw
+    keep = [m for m in q_old["models"] if m["name"] not in names]
+    q_old["models"] = keep + q["models"]
+    q_old["config"]["ggufs"] = [g for g in old["ggufs"] if Path(g).stem.removeprefix("clover-tiny-") not in names]
+    q_old["config"]["ggufs"] += [str(p) for _, p, _ in files]
+    q_old.setdefault("added", []).append(
+        {"names": names, "environment": q["config"]["environment"], "seconds": q.get("seconds")}
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    run_file.write_text(json.dumps(bundle, indent=1) + "\n")
+    render(bundle, out, title=bundle["title"])
+    return bundle
 
 
 def run_baseline(

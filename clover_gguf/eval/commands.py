@@ -459,6 +459,20 @@ def sensitivity_cmd(
     help="llama.cpp threads (default --threads); 1 on an oversubscribed machine, where ggml's spinning "
     "thread pool stalls.",
 )
+@click.option(
+    "--add",
+    "add_names",
+    multiple=True,
+    metavar="NAME",
+    help="Only convert and score these files (e.g. Q3_K-experts, IQ3_S-experts, IQ2_M-experts) and add their "
+    "quality rows to the existing report in --out; the sample options must be the report's.",
+)
+@click.option(
+    "--imatrix",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Importance matrix for the --add files' conversion.",
+)
 @one_line_errors
 def baseline_cmd(
     reference,
@@ -479,11 +493,30 @@ def baseline_cmd(
     reference_sweep,
     threads,
     runtime_threads,
+    add_names,
+    imatrix,
 ):
     """Convert the standard GGUF set and write the committed baseline report."""
-    from .baseline import run_baseline
+    from .baseline import add_rows, run_baseline
     from .quality import Generation, Sampling
     from .speed import DEFAULT_BASE, parse_sweep
+
+    if imatrix and not add_names:
+        raise click.UsageError("--imatrix goes with --add (the standard set is converted without one)")
+    if add_names:
+        add_rows(
+            reference,
+            out_dir,
+            work_dir,
+            list(add_names),
+            imatrix=imatrix,
+            sampling=Sampling(n_windows=n_windows, n_blocks=n_blocks),
+            generation=Generation(n_prompts=n_prompts, max_new_tokens=max_new_tokens),
+            threads=threads,
+            runtime_threads=runtime_threads,
+        )
+        click.echo(f"wrote {Path(out_dir) / 'report.md'} (added {', '.join(add_names)})")
+        return
 
     run_baseline(
         reference,

@@ -19,6 +19,7 @@ def serve(
     threads: int | None = None,
     n_gpu_layers: int = 0,
     experts_on_cpu: bool = False,
+    fit: bool | None = None,
     api_key: str | None = None,
     parallel: int = 1,
     ctx_cache: int = 16,
@@ -47,7 +48,16 @@ def serve(
     # the generation loop's tensors are one block of logits: extra torch threads only contend
     # with llama.cpp's
     torch.set_num_threads(1)
-    # one sequence per request of a group, and one to commit finished conversations (Engine)
+    from ..plan.placement import fit_overrides
+    from ..runtime.bindings import parse_override
+
+    # one sequence per request of a group, and one to commit finished conversations (Engine);
+    # --fit sizes the state for all of them (local GPUs only: rpc-servers place their own share)
+    ot = (
+        []
+        if rpc and fit is None
+        else fit_overrides(model, n_gpu_layers, fit, experts_on_cpu, n_seq=parallel + 1, log=log)
+    )
     rt = CloverRuntime(
         model,
         n_threads=threads,
@@ -55,6 +65,7 @@ def serve(
         experts_on_cpu=experts_on_cpu,
         n_seq_max=parallel + 1,
         rpc_servers=rpc,
+        cpu_tensors=[parse_override(s) for s in ot],
     )
     ctx_meta = rt.meta(Keys.CONTEXT_LENGTH.format(arch=ARCH))
     n_ctx = int(ctx_size or (int(ctx_meta) if ctx_meta else 0) or 262144)

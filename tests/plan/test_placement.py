@@ -1,0 +1,140 @@
+"""--fit in `clover-gguf run`/`serve`: the decision (a pure function of byte counts), the GGUF's
+byte accounting, and the CPU build's message end to end."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "convert"))
+from convert_helpers import TINY  # noqa: E402
+
+from clover_gguf.cli import cli  # noqa: E402
+from clover_gguf.convert.converter import convert  # noqa: E402
+from clover_gguf.plan import cpu_layers_regex  # noqa: E402
+from clover_gguf.plan.placement import (  # noqa: E402
+    NO_GPU,
+    FitError,
+    GpuDevice,
+    choose_cpu_layers,
+    fit_gguf,
+    fit_overrides,
+    gguf_bytes,
+    gpu_devices,
+    gpu_layers,
+)
+
+MiB = 1 << 20
+LAYERS = {i: 100 * MiB for i in range(8)}  # 800 MiB of experts
+
+
+def test_fits_needs_no_override():
+    assert choose_cpu_layers(LAYERS, 200 * MiB, 1100 * MiB, 100 * MiB) == []
+    assert choose_cpu_layers(LAYERS, 200 * MiB, 1100 * MiB - 1, 100 * MiB) == [0]  # one byte short
+
+
+def test_minimal_leading_layers():
+    # 1100 MiB needed, 850 free: 250 MiB must go, so three 100 MiB layers and not two
+    assert choose_cpu_layers(LAYERS, 200 * MiB, 850 * MiB, 100 * MiB) == [0, 1, 2]
+    # uneven layers: the leading ones, as llama.cpp's --n-cpu-moe
+    assert choose_cpu_layers({3: 50 * MiB, 4: 300 * MiB, 5: 10 * MiB}, 0, 200 * MiB, 0) == [3, 4]
+
+
+def test_nothing_fits_all_experts_on_cpu():
+    # exactly the non-expert part fits: every layer's experts leave
+    assert choose_cpu_layers(LAYERS, 200 * MiB, 300 * MiB, 100 * MiB) == list(range(8))
+
+
+def test_not_even_without_experts():
+    with pytest.raises(FitError, match=r"even with every layer's experts in CPU memory .* free 299\.00 MiB"):
+        choose_cpu_layers(LAYERS, 200 * MiB, 299 * MiB, 100 * MiB)
+
+
+def test_gpu_layers_as_llama_cpp_counts():
+    assert gpu_layers(4, -1) == ([0, 1, 2, 3], True)
+    assert gpu_layers(4, 99) == ([0, 1, 2, 3], True)
+    assert gpu_layers(4, 5) == ([0, 1, 2, 3], True)
+    assert gpu_layers(4, 3) == ([2, 3], True)  # the output layer counts as one
+    assert gpu_layers(4, 0) == ([], False)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fit") / "tiny-q8_0.gguf"
+    convert(TINY, out, recipe="q8_0", progress=False, log=lambda *a: None)
+    return out
+
+
+def test_gguf_bytes_add_up(tiny_gguf):
+    """Experts + other + token_embd = every tensor in the file; partial -ngl drops leading layers."""
+    from clover_gguf.gguf_io.reader import open_gguf
+
+    r = open_gguf(tiny_gguf)
+    total = sum(int(t.n_bytes) for t in r.tensors)
+    embd = sum(int(t.n_bytes) for t in r.tensors if t.name.startswith("token_embd"))
+    experts, other, cfg = gguf_bytes(tiny_gguf, 99)
+    assert sorted(experts) == list(range(cfg.num_hidden_layers))
+    assert sum(experts.values()) + other + embd == total
+    want = sum(int(t.n_bytes) for t in r.tensors if re.match(r"blk\.0\.ffn_(up|down|gate)_exps", t.name))
+    assert experts[0] == want > 0
+    part, _, _ = gguf_bytes(tiny_gguf, 2)
+    assert sorted(part) == [cfg.num_hidden_layers - 1]
+
+
+def test_fit_gguf_with_given_free_memory(tiny_gguf):
+    experts, other, _ = gguf_bytes(tiny_gguf, 99)
+    big = [GpuDevice("CUDA0", 1 << 40, 1 << 40)]
+    p = fit_gguf(tiny_gguf, 99, devices=big)
+    assert p.cpu_layers == [] and p.override() is None and p.message().startswith("fit: everything fits")
+    # free memory for the overheads, the non-expert weights and one layer's experts
+    overhead = p.gpu_bytes - sum(experts.values()) - other
+    one = overhead + other + experts[0]
+    p = fit_gguf(tiny_gguf, 99, devices=[GpuDevice("CUDA0", one, one)])
+    n = len(experts)
+    assert p.cpu_layers == list(range(n - 1))  # the leading layers; the last one stays
+    assert p.gpu_bytes <= one and p.override() == cpu_layers_regex(p.cpu_layers)
+    assert re.fullmatch(
+        rf"fit: {n - 1} of {n} layers' experts in CPU memory \(.*\), .* on CUDA0 \(free .*\)", p.message()
+    )
+    with pytest.raises(FitError):
+        fit_gguf(tiny_gguf, 99, devices=[GpuDevice("CUDA0", overhead, overhead)])
+
+
+def test_fit_overrides_when_on(tiny_gguf):
+    lines = []
+    small = [GpuDevice("CUDA0", 1, 1)]
+    assert fit_overrides(tiny_gguf, 0, None, False, log=lines.append, devices=small) == []  # -ngl 0: off
+    assert fit_overrides(tiny_gguf, 99, False, False, log=lines.append, devices=small) == []  # --no-fit
+    assert fit_overrides(tiny_gguf, 99, None, True, log=lines.append, devices=small) == []  # user's -ot wins
+    assert lines == []
+    with pytest.raises(FitError, match="not both"):
+        fit_overrides(tiny_gguf, 99, True, True, log=lines.append, devices=small)
+    assert fit_overrides(tiny_gguf, 99, None, False, log=lines.append, devices=[]) == []
+    assert lines == [NO_GPU]
+
+
+def test_run_cpu_build_says_nothing_to_fit(tiny_gguf):
+    """End to end through `clover-gguf run`: on this CPU build ggml reports no GPU device."""
+    args = ["run", str(tiny_gguf), "--prompt-ids", "5,6,7", "-n", "4", "-t", "1"]
+    devs = gpu_devices()
+    r = CliRunner().invoke(cli, [*args, "-ngl", "99"])
+    assert r.exit_code == 0, r.output
+    fit_lines = [x for x in r.stderr.splitlines() if x.startswith("fit:")]
+    if not devs:
+        assert fit_lines == [NO_GPU]
+    else:  # a CUDA build: the line names the device
+        assert len(fit_lines) == 1 and devs[0].name in fit_lines[0]
+    r = CliRunner().invoke(cli, [*args, "-ngl", "99", "--no-fit"])
+    assert r.exit_code == 0 and "fit:" not in r.stderr
+    r = CliRunner().invoke(cli, [*args, "-ngl", "99", "--fit", "-ot", "exps=CPU"])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "not both" in r.output
+
+
+def test_serve_fit_with_own_placement_is_one_line(tiny_gguf):
+    """serve takes --fit too, and refuses it next to --experts-on-cpu before loading anything."""
+    r = CliRunner().invoke(cli, ["serve", str(tiny_gguf), "-ngl", "99", "--fit", "--experts-on-cpu"])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "not both" in r.output
