@@ -138,3 +138,29 @@ def test_serve_fit_with_own_placement_is_one_line(tiny_gguf):
     """serve takes --fit too, and refuses it next to --experts-on-cpu before loading anything."""
     r = CliRunner().invoke(cli, ["serve", str(tiny_gguf), "-ngl", "99", "--fit", "--experts-on-cpu"])
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "not both" in r.output
+
+
+def test_llama_clover_cli_fit(tiny_gguf):
+    """llama-clover-cli's own --fit (patches/0009): the same line as `clover-gguf run` on this build."""
+    import subprocess
+
+    from clover_gguf.runtime.build import runtime_paths
+
+    exe = Path(runtime_paths()["bin_dir"]) / "llama-clover-cli"
+    base = [str(exe), "-m", str(tiny_gguf), "--prompt-ids", "5,6,7", "-n", "4", "-t", "1"]
+
+    def fit_lines(*extra):
+        r = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        return r.returncode, [x for x in r.stderr.splitlines() if x.startswith(("fit:", "error:"))]
+
+    devs = gpu_devices()
+    rc, lines = fit_lines("-ngl", "99")
+    assert rc == 0
+    if not devs:
+        assert lines == [NO_GPU]
+    else:
+        assert len(lines) == 1 and devs[0].name in lines[0]
+    assert fit_lines("-ngl", "99", "--no-fit") == (0, [])
+    assert fit_lines() == (0, [])  # nothing offloaded: nothing to place
+    rc, lines = fit_lines("-ngl", "99", "--fit", "--cpu-moe")
+    assert rc != 0 and len(lines) == 1 and "not both" in lines[0]
