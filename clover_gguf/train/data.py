@@ -63,7 +63,11 @@ def python_version() -> str:
 
 def rel(path: Path, root: Path | None = None) -> str:
     """Relative POSIX path of a corpus file (its name in the manifest)."""
-    return Path(path).resolve().relative_to(root or stdlib_root()).as_posix()
+    p, root = Path(path), root or stdlib_root()
+    try:
+        return p.relative_to(root).as_posix()
+    except ValueError:  # a relative or non-canonical spelling of a path under root
+        return p.resolve().relative_to(root).as_posix()
 
 
 def unit_of(relpath: str) -> str:
@@ -90,7 +94,8 @@ def _corpus_files(root: str) -> tuple[Path, ...]:
             if not n.endswith(".py"):
                 continue
             p = Path(d, n)
-            if p.is_file() and p.stat().st_size <= MAX_FILE_BYTES:
+            # links point outside the stdlib (Debian: sitecustomize.py -> /etc/python3.11/)
+            if p.is_file() and not p.is_symlink() and p.stat().st_size <= MAX_FILE_BYTES:
                 out.append((p.relative_to(root).as_posix(), p))
     out.sort(key=lambda t: t[0])
     return tuple(p for _, p in out)
