@@ -63,6 +63,31 @@ def make_files(reference, work_dir, files=BASELINE_FILES, log=print, imatrix=Non
     return out
 
 
+def _score(reference, files, sampling, generation, work: Path, threads, runtime_threads, log) -> dict:
+    """The quality section for these files: both providers when the runtime is built, the
+    generation agreement through the runtime's own loop (as users run it), else the PyTorch loop
+    on the dequantized weights; each model row keeps its convert options."""
+    from .backends import runtime_status
+    from .quality import run_quality
+
+    rt_ok = runtime_status()[0]
+    q = run_quality(
+        reference,
+        [p for _, p, _ in files],
+        sampling,
+        replace(generation, providers=("runtime",) if rt_ok else ("reference-dequant",)),
+        "both" if rt_ok else "reference",
+        work,
+        threads=threads,
+        runtime_threads=runtime_threads,
+        names=[n for n, _, _ in files],
+        log=log,
+    ).to_dict()
+    for m, (_, _, kw) in zip(q["models"], files):
+        m["convert_options"] = kw
+    return q
+
+
 def add_rows(
     reference,
     out_dir,
@@ -79,8 +104,7 @@ def add_rows(
     and render it again: the other rows, the sensitivity and the speed sections stay as they
     were. The sample must be the bundle's own (same windows, blocks, seed, prompts), so the new
     rows compare with the old ones."""
-    from .backends import runtime_status
-    from .quality import Generation, Sampling, run_quality
+    from .quality import Generation, Sampling
     from .report import render
 
     out, work = Path(out_dir), Path(work_dir)
@@ -105,25 +129,18 @@ def add_rows(
     if bad:
         raise ValueError(f"--stage add: a different sample than the baseline's: {'; '.join(bad)}")
     files = make_files(reference, work, [(n, FILE_SETS[n]) for n in names], log=log, imatrix=imatrix)
-    rt_ok = runtime_status()[0]
-    q = run_quality(
+    q = _score(
         reference,
-        [p for _, p, _ in files],
+        files,
         sampling,
-        replace(
-            generation, n_prompts=old_gen["n_prompts"], providers=("runtime",) if rt_ok else ("reference-dequant",)
-        ),
-        "both" if rt_ok else "reference",
+        replace(generation, n_prompts=old_gen["n_prompts"]),
         work / "quality-add",
-        threads=threads,
-        runtime_threads=runtime_threads,
-        names=names,
-        log=log,
-    ).to_dict()
+        threads,
+        runtime_threads,
+        log,
+    )
     if q["samples"]["fingerprint"] != q_old["samples"]["fingerprint"]:
         raise ValueError("--stage add: the held-out sample differs from the baseline's (another corpus or tokenizer)")
-    for m, (_, _, kw) in zip(q["models"], files):
-        m["convert_options"] = kw
     keep = [m for m in q_old["models"] if m["name"] not in names]
     q_old["models"] = keep + q["models"]
     q_old["config"]["ggufs"] = [g for g in old["ggufs"] if Path(g).stem.removeprefix("clover-tiny-") not in names]
@@ -156,7 +173,7 @@ def run_baseline(
     """sampling/generation: quality.Sampling/Generation of the quality stage (the sensitivity
     stage takes the same sampling, with sens_kw's "n_windows", and its "qtype")."""
     from .backends import runtime_status
-    from .quality import Generation, Sampling, run_quality
+    from .quality import Generation, Sampling
     from .report import render
     from .sensitivity import run_sensitivity
     from .speed import run_speed
@@ -170,22 +187,7 @@ def run_baseline(
     sampling, generation = sampling or Sampling(), generation or Generation()
     rt_ok = runtime_status()[0]
     if "quality" in stages:
-        # both providers when the runtime is built; the generation agreement through the
-        # runtime's own loop (as users run it), else the PyTorch loop on the dequantized weights
-        q = run_quality(
-            reference,
-            paths,
-            sampling,
-            replace(generation, providers=("runtime",) if rt_ok else ("reference-dequant",)),
-            "both" if rt_ok else "reference",
-            work / "quality",
-            threads=threads,
-            runtime_threads=runtime_threads,
-            names=names,
-            log=log,
-        ).to_dict()
-        for m, (_, _, kw) in zip(q["models"], files):
-            m["convert_options"] = kw
+        q = _score(reference, files, sampling, generation, work / "quality", threads, runtime_threads, log)
         (work / "quality.json").write_text(json.dumps(q, indent=1) + "\n")
     if "sensitivity" in stages and sensitivity:
         skw = dict(sens_kw or {})
