@@ -114,11 +114,10 @@ def run(
 
         cpu_tensors = [parse_override(s) for s in override_tensor]
         # --fit: the leading layers' experts that must stay in CPU memory for the rest to fit
-        # (local GPUs only: rpc-servers place their own share)
         explicit = bool(override_tensor) or experts_on_cpu
         log = log or (lambda m: print(m, file=sys.stderr))
-        if not (rpc and fit is None):
-            cpu_tensors += [parse_override(s) for s in fit_overrides(model, n_gpu_layers, fit, explicit, log=log)]
+        ot = fit_overrides(model, n_gpu_layers, fit, explicit, log=log, rpc=bool(rpc))
+        cpu_tensors += [parse_override(s) for s in ot]
         rt = CloverRuntime(
             model,
             n_threads=threads,

@@ -183,10 +183,12 @@ def fit_overrides(
     n_seq: int = 1,
     log=print,
     devices: list[GpuDevice] | None = None,
+    rpc: bool = False,
 ) -> list[str]:
     """The -ot REGEX=CPU specs --fit adds (logging one line on what it chose). fit None: on when
-    -ngl offloads something and the user gave no placement of their own (-ot, --experts-on-cpu)."""
-    if fit is False or (fit is None and (n_gpu_layers == 0 or explicit)):
+    -ngl offloads something and the user gave no placement of their own (-ot, --experts-on-cpu)
+    and no rpc-servers (they place their own share; --fit then sizes the local GPUs only)."""
+    if fit is False or (fit is None and (n_gpu_layers == 0 or explicit or rpc)):
         return []
     if explicit:
         raise FitError("--fit chooses what stays in CPU memory itself: give it or -ot/--experts-on-cpu, not both")

@@ -52,12 +52,8 @@ def serve(
     from ..runtime.bindings import parse_override
 
     # one sequence per request of a group, and one to commit finished conversations (Engine);
-    # --fit sizes the state for all of them (local GPUs only: rpc-servers place their own share)
-    ot = (
-        []
-        if rpc and fit is None
-        else fit_overrides(model, n_gpu_layers, fit, experts_on_cpu, n_seq=parallel + 1, log=log)
-    )
+    # --fit sizes the state for all of them
+    ot = fit_overrides(model, n_gpu_layers, fit, experts_on_cpu, n_seq=parallel + 1, log=log, rpc=bool(rpc))
     rt = CloverRuntime(
         model,
         n_threads=threads,

@@ -4,19 +4,14 @@ byte accounting, and the CPU build's message end to end."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "convert"))
-from convert_helpers import TINY  # noqa: E402
-
-from clover_gguf.cli import cli  # noqa: E402
-from clover_gguf.convert.converter import convert  # noqa: E402
-from clover_gguf.plan import cpu_layers_regex  # noqa: E402
-from clover_gguf.plan.placement import (  # noqa: E402
+from clover_gguf.cli import cli
+from clover_gguf.plan import cpu_layers_regex
+from clover_gguf.plan.placement import (
     NO_GPU,
     FitError,
     GpuDevice,
@@ -60,13 +55,6 @@ def test_gpu_layers_as_llama_cpp_counts():
     assert gpu_layers(4, 5) == ([0, 1, 2, 3], True)
     assert gpu_layers(4, 3) == ([2, 3], True)  # the output layer counts as one
     assert gpu_layers(4, 0) == ([], False)
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fit") / "tiny-q8_0.gguf"
-    convert(TINY, out, recipe="q8_0", progress=False, log=lambda *a: None)
-    return out
 
 
 def test_gguf_bytes_add_up(tiny_gguf):
@@ -164,3 +152,11 @@ def test_llama_clover_cli_fit(tiny_gguf):
     assert fit_lines() == (0, [])  # nothing offloaded: nothing to place
     rc, lines = fit_lines("-ngl", "99", "--fit", "--cpu-moe")
     assert rc != 0 and len(lines) == 1 and "not both" in lines[0]
+
+
+def test_rpc_servers_turn_the_default_off(tiny_gguf):
+    """rpc-servers place their own share: --fit stays off unless asked for, then sizes local GPUs."""
+    said = []
+    assert fit_overrides(tiny_gguf, 99, None, False, log=said.append, rpc=True) == [] and said == []
+    fit_overrides(tiny_gguf, 99, True, False, log=said.append, rpc=True, devices=[])
+    assert said == [NO_GPU]
