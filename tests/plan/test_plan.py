@@ -184,13 +184,6 @@ def test_parse_size():
         parse_size("0GiB")
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny") / "tiny-q8_0.gguf"
-    convert(TINY, out, recipe="q8_0", progress=False, log=lambda *a: None)
-    return out
-
-
 def test_run_override_tensor(tiny_gguf):
     """The split options' -ot lines load, and keeping experts in host memory changes nothing."""
     from clover_gguf.plan import cpu_layers_regex
