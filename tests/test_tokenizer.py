@@ -19,6 +19,7 @@ import pytest
 
 from clover_gguf.tokenizer import (
     CHAT_TEMPLATE,
+    DEFAULT_VOCAB_SIZE,
     SPECIAL_TOKENS,
     TOKEN_CONTROL,
     TOKEN_NORMAL,
@@ -51,7 +52,7 @@ def manifest(tmp_path_factory):
 
 @needs_tok
 def test_special_ids_fixed(tok):
-    assert tok.vocab_size == 8192
+    assert tok.vocab_size == DEFAULT_VOCAB_SIZE == 4096
     for i, t in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(t) == i
         assert tok.encode(t) == [i]

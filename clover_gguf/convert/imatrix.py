@@ -12,6 +12,8 @@ file with forward hooks and counts each routed expert's activations separately.
 The model runs the way inference does: every chunk of text goes through both streams of
 forward_train: clean blocks (commits) and the same blocks partly masked (denoising steps),
 so the statistics cover the mask-token inputs a diffusion model mostly sees at inference.
+The last layer's attention output and FFN see the denoising stream only: a commit needs that
+layer's state, not its output, so forward_train does not compute it.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 def rope_neox(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """x [..., L, heads, D], pos [..., L]: dim j < D/2 paired with j + D/2."""
     D = x.shape[-1]
-    inv = theta ** (-torch.arange(0, D // 2, dtype=torch.float64) * 2 / D)
+    inv = theta ** (-torch.arange(0, D // 2, dtype=torch.float64, device=pos.device) * 2 / D)
     ang = (pos.double()[..., None] * inv).float()[..., None, :]  # [..., L, 1, D/2]
     cos, sin = ang.cos(), ang.sin()
     xf = x.float()
@@ -220,7 +220,7 @@ class DecoderLayer(nn.Module):
             s = s.masked_fill(~valid[:, :, None, None, :], -torch.inf)
             nvalid = valid.sum(-1).clamp(min=1).float()
         else:
-            nvalid = torch.full(x.shape[:2], float(L))
+            nvalid = torch.full(x.shape[:2], float(L), device=x.device)
         smem = torch.einsum("nblhd,hd->nbhl", Q.float(), a.memory.key.float()) / math.sqrt(D)
         smem = smem + a.memory.calibration.float()[:, None] * torch.log(nvalid)[:, :, None, None]
         p = torch.softmax(torch.cat([s, smem[..., None]], dim=-1), dim=-1)
@@ -277,7 +277,11 @@ class CloverModel(nn.Module):
     # ---- state ---------------------------------------------------------------------------
     def init_state(self, batch: int = 1) -> list[torch.Tensor]:
         c = self.config
-        return [torch.zeros(batch, c.num_key_value_heads, c.head_dim, c.head_dim) for _ in range(c.num_hidden_layers)]
+        dev = self.lm_head.weight.device
+        return [
+            torch.zeros(batch, c.num_key_value_heads, c.head_dim, c.head_dim, device=dev)
+            for _ in range(c.num_hidden_layers)
+        ]
 
     # ---- core ----------------------------------------------------------------------------
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -287,9 +291,12 @@ class CloverModel(nn.Module):
         """tokens/pos/valid [N, nb, L]. Either `starts` (per layer [N, nb, Hkv, D, D], read
         only) or `init` (per layer [n_clean, Hkv, D, D]): then rows [0, n_clean) are clean
         blocks committed layer-parallel and every row r reads the states of clean row
-        r % n_clean. Returns (hidden [N, nb, L, d], final states or None)."""
+        r % n_clean. Returns (hidden [N, nb, L, d], final states or None); with `init` the
+        hidden holds rows [n_clean, N) only: the clean rows' last-layer outputs feed nothing,
+        so that layer mixes only the other rows (an eighth of the work at 4 layers)."""
         x = self.model.embed_tokens(tokens)
         finals = []
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             u, Q, K, V = layer.project(x, valid)
             if init is not None:
@@ -299,6 +306,12 @@ class CloverModel(nn.Module):
                 S, final = chunked_scan(init[i], k, v, g, beta)
                 finals.append(final)
                 S = S.repeat(tokens.shape[0] // n_clean, 1, 1, 1, 1)
+                if i == last:
+                    rest = slice(n_clean, None)
+                    x, u, Q, K, V, pos, S = (t[rest] for t in (x, u, Q, K, V, pos, S))
+                    valid = None if valid is None else valid[rest]
+                    if x.shape[0] == 0:
+                        break
             else:
                 S = starts[i]
             x = layer.mix(x, u, Q, K, V, pos, valid, S)
@@ -369,7 +382,6 @@ class CloverModel(nn.Module):
             init=self.init_state(N),
             n_clean=N,
         )
-        h = h[N:]
         if select is not None:
             h = h[select]
         return self._logits(h)

@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +111,9 @@ class Batch:
     def n_tokens(self) -> int:
         return int(self.valid.sum())
 
+    def to(self, device) -> Batch:
+        return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
+
 
 def layout_windows(stream: torch.Tensor, starts: torch.Tensor, offsets: torch.Tensor, nb: int, B: int, pad_id: int):
     """Clean blocks for windows of `stream` starting at `starts` [N] with first-block
@@ -192,7 +195,7 @@ def nelbo_from_logits(logits_sel: torch.Tensor, batch: Batch):
 
 def diffusion_loss(model: CloverModel, batch: Batch, autocast: bool = False):
     """NELBO of a batch (nats/token) and stats: unweighted masked CE mean (nats)."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(batch.clean.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model.forward_train(batch.clean, batch.noisy, batch.pos, batch.valid, select=batch.masked)
     loss, ce = nelbo_from_logits(logits, batch)
     return loss, {
@@ -216,6 +219,7 @@ def evaluate_heldout(
     seed: int = 0,
     max_tokens: int | None = None,
     autocast: bool = False,
+    unigram_log2p=None,
 ) -> dict:
     """Masked-token loss on a held-out token stream, in bits/token.
 
@@ -223,7 +227,9 @@ def evaluate_heldout(
     at the end); blocks start at position 0 of each sequence. In every block, round(L *
     mask_ratio) (at least 1) of its L real tokens are masked (positions drawn with a fixed
     seed); the noisy block is scored against the state of the clean earlier blocks (the
-    committed history). Returns bits/token = mean CE over all masked tokens / ln 2."""
+    committed history). Returns bits/token = mean CE over all masked tokens / ln 2; with
+    `unigram_log2p` ([V] log2 probabilities) also that unigram's bits/token on the same
+    masked tokens."""
     was_training = model.training
     model.eval()
     ids = torch.as_tensor(np.asarray(ids), dtype=torch.long).flatten()
@@ -245,19 +251,23 @@ def evaluate_heldout(
     k = torch.where(L > 0, (L.float() * mask_ratio).round().clamp(min=1).long(), torch.zeros_like(L))
     masked_all = (rank < k) & valid_all
     pos_all = torch.arange(S).view(1, seq_blocks, B).expand(n_seq, -1, -1)
+    dev = model.lm_head.weight.device
     total, count = 0.0, 0
+    if unigram_log2p is not None:
+        uni = -float(torch.as_tensor(np.asarray(unigram_log2p), dtype=torch.float64)[clean_all[masked_all]].sum())
     for s in range(0, n_seq, batch_size):
         sl = slice(s, s + batch_size)
-        clean, valid, masked = clean_all[sl], valid_all[sl], masked_all[sl]
+        clean, valid, masked = (t[sl].to(dev) for t in (clean_all, valid_all, masked_all))
         noisy = torch.where(masked, torch.full_like(clean, model.config.mask_token_id), clean)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
             # the class method, not a compiled instance override (no compile for eval shapes)
-            logits = CloverModel.forward_train(model, clean, noisy, pos_all[sl], valid, select=masked)
+            logits = CloverModel.forward_train(model, clean, noisy, pos_all[sl].to(dev), valid, select=masked)
         ce = F.cross_entropy(logits.float(), clean[masked], reduction="sum")
         total += float(ce)
         count += int(masked.sum())
     model.train(was_training)
     nats = total / max(count, 1)
+    extra = {} if unigram_log2p is None else {"unigram_bits_per_token": uni / max(count, 1)}
     return {
         "bits_per_token": nats / LN2,
         "nats_per_token": nats,
@@ -267,6 +277,7 @@ def evaluate_heldout(
         "mask_ratio": mask_ratio,
         "seq_tokens": S,
         "seed": seed,
+        **extra,
     }
 
 
@@ -279,7 +290,7 @@ def save_hf(model: CloverModel, out_dir: str | Path, dtype: torch.dtype = torch.
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.to(dtype).contiguous() for k, v in model.hf_state_dict().items()}
+    sd = {k: v.to("cpu", dtype).contiguous() for k, v in model.hf_state_dict().items()}
     tmp = out / "model.safetensors.tmp"
     save_file(sd, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out / "model.safetensors")
@@ -299,7 +310,8 @@ class TrainConfig:
     betas: tuple = (0.9, 0.95)
     warmup_steps: int = 100
     max_steps: int = 100000
-    time_budget_min: float | None = None  # the cosine follows max(step, time) progress
+    time_budget_min: float | None = None  # the cosine follows max(step, token, time) progress
+    max_tokens: int | None = None  # a token budget, reached across as many runs as it takes
     grad_clip: float = 1.0
     tokens_per_batch: int = 4096  # real tokens, about
     seq_tokens: int = 256  # tokens per window, about (n_blocks = seq/B + 1)
@@ -309,6 +321,7 @@ class TrainConfig:
     precision: str = "bf16"  # "bf16" (bf16 weights + fp32 master), "autocast", "fp32"
     compile: bool = False  # torch.compile the training forward
     threads: int = 2
+    device: str = "cpu"  # or "cuda": batches are drawn on the CPU (same RNG stream), then moved
     log_every: int = 10
     ckpt_every_min: float = 4.0
     eval_every_min: float = 0.0  # 0: only at the end
@@ -338,6 +351,7 @@ def make_optimizer(model: CloverModel, tc: TrainConfig, master: MasterWeights | 
         lr=tc.lr,
         betas=tc.betas,
         eps=1e-8,
+        fused=True,  # one kernel over all parameters, not ~100 small loops per step
     )
 
 
@@ -433,13 +447,16 @@ def train(
     heldout=None,
     log_fn=print,
     resume: str | Path | None = None,
+    should_stop=None,
 ) -> dict:
     """Train `model` (float32 on entry and on return) in place on the token stream.
     Checkpoints (fp32 weights, optimizer, RNG, log) go to {ckpt_dir}/ckpt-last.pt every
-    ckpt_every_min minutes, with a BF16 HF copy in {ckpt_dir}/hf. Returns the log dict."""
+    ckpt_every_min minutes, with a BF16 HF copy in {ckpt_dir}/hf. `should_stop(step)` true
+    ends this run early with a checkpoint (log["finished"] false): `resume` continues it,
+    batches and schedule exactly as one uninterrupted run. Returns the log dict."""
     torch.set_num_threads(tc.threads)
     c = model.config
-    model.train()
+    model.to(tc.device).train()
     master = MasterWeights(model) if tc.precision == "bf16" else None
     opt = make_optimizer(model, tc, master)
     if tc.compile:
@@ -461,13 +478,15 @@ def train(
         return master.state_dict() if master is not None else {k: v.detach() for k, v in model.state_dict().items()}
 
     if resume:
-        ck = torch.load(resume, weights_only=False)
+        ck = torch.load(resume, weights_only=False, map_location=tc.device)
+        if ck["log"]["model_config"] != c.to_dict():
+            raise ValueError(f"{resume}: checkpoint of another model shape ({ck['log']['model_config']})")
         if master is not None:
             master.load_state_dict(ck["model"])
         else:
             model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
-        gen.set_state(ck["gen"])
+        gen.set_state(ck["gen"].cpu())
         log = ck["log"]
         log["train_config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
         log_fn(f"resumed from {resume} at step {log['step']}, {log['tokens']} tokens")
@@ -492,13 +511,20 @@ def train(
         progress = step / tc.max_steps
         if budget_s:
             progress = max(progress, elapsed / budget_s)
+        if tc.max_tokens:
+            progress = max(progress, tokens / tc.max_tokens)
         if step >= tc.max_steps or progress >= 1.0:
+            log["finished"] = True
+            break
+        if should_stop is not None and should_stop(step):
+            log["finished"] = False
+            log_fn(f"stopping at step {step}, {tokens} tokens; --resume {ckpt_dir / 'ckpt-last.pt'} continues")
             break
         lr = lr_at(step, progress, tc)
         B = choose_block(gen, tc)
         n_seq, nb = batch_shape(B, tc)
         t0 = time.time()
-        batch = sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
+        batch = sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps).to(tc.device)
         st = train_step(model, opt, batch, tc, lr, master)
         win_t += time.time() - t0
         if not math.isfinite(st["loss"]):

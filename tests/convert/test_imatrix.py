@@ -62,7 +62,8 @@ def test_compute_counts_each_expert(tmp_path):
     ids = list(torch.randint(0, 94, (8 * 40,), generator=torch.Generator().manual_seed(0)).tolist())
     out = tmp_path / "im.gguf"
     im = compute_imatrix(VEC, "ids", out, n_ctx=64, token_ids=ids, progress=False)
-    # 320 tokens = 5 chunks of 64; two streams (clean + noisy) -> 640 token rows per layer
+    # 320 tokens = 5 chunks of 64; two streams (clean + noisy) -> 640 token rows per layer, but
+    # the last layer runs the noisy stream only (the clean stream's last output feeds nothing)
     assert im.chunk_count == 5 and im.chunk_size == 64
     model = CloverModel.from_pretrained(VEC)
     k = model.config.num_experts_per_tok
@@ -70,10 +71,11 @@ def test_compute_counts_each_expert(tmp_path):
         g = GGUF_EXPERT_NAME["gate"].format(bid=bid)
         u = GGUF_EXPERT_NAME["up"].format(bid=bid)
         dn = GGUF_EXPERT_NAME["down"].format(bid=bid)
-        assert im.counts[g].shape == (4,) and im.counts[g].sum() == 640 * k
+        rows = 640 if bid < model.config.num_hidden_layers - 1 else 320
+        assert im.counts[g].shape == (4,) and im.counts[g].sum() == rows * k
         assert np.array_equal(im.counts[g], im.counts[u]) and np.array_equal(im.sums[g], im.sums[u])
         assert im.sums[g].shape == (4, 64) and im.sums[dn].shape == (4, 32)
-        assert im.counts[f"blk.{bid}.attn_q.weight"].tolist() == [640]
+        assert im.counts[f"blk.{bid}.attn_q.weight"].tolist() == [640]  # projections run on both streams
         assert im.sums[f"blk.{bid}.attn_output.weight"].shape == (1, 64)
         assert im.sums[f"blk.{bid}.ffn_down_shexp.weight"].shape == (1, 32)
     # the hooks are gone afterwards

@@ -153,17 +153,24 @@ def test_thinking_off_puts_an_empty_think_block_in_the_prompt(client, model_id, 
 
 def test_stop_sequences(client, model_id, rt, expect):
     B = rt.default_block_size
-    ids = rt.tokenize(PROMPTS[0])
-    toks, full = expect(ids, 48)
-    # a stop string that first occurs a little way in
-    k = next(i for i in range(4, len(full) - 3) if full[i : i + 3].strip() and full.find(full[i : i + 3]) == i)
+
+    # the first prompt whose completion has a 3-character string that first occurs a little way in
+    for prompt in PROMPTS:
+        toks, full = expect(rt.tokenize(prompt), 48)
+        k = next(
+            (i for i in range(4, len(full) - 3) if full[i : i + 3].strip() and full.find(full[i : i + 3]) == i), None
+        )
+        if k is not None:
+            break
+    else:
+        pytest.fail("no completion holds a string to stop at")
     stop = full[k : k + 3]
-    r = client.completions.create(model=model_id, prompt=PROMPTS[0], max_tokens=48, stop=[stop, "never-seen-xyz"])
+    r = client.completions.create(model=model_id, prompt=prompt, max_tokens=48, stop=[stop, "never-seen-xyz"])
     assert r.choices[0].text == full[:k] and r.choices[0].finish_reason == "stop"
     # generation stopped at the block that completed the stop string
     n = next(i for i in range(1, len(toks) + 1) if stop in rt.detokenize(toks[:i]))
     assert r.usage.clover["blocks"] == math.ceil(n / B)
-    streamed = client.completions.create(model=model_id, prompt=PROMPTS[0], max_tokens=48, stop=stop, stream=True)
+    streamed = client.completions.create(model=model_id, prompt=prompt, max_tokens=48, stop=stop, stream=True)
     assert "".join(c.choices[0].text for c in streamed) == full[:k]
 
 

@@ -181,3 +181,63 @@ def test_evaluate_heldout_bits():
     assert 5.5 < ev["bits_per_token"] < 6.5
     ev2 = T.evaluate_heldout(m, ids, block_size=4, mask_ratio=0.5, seq_blocks=8, batch_size=4, seed=0)
     assert ev2["bits_per_token"] == ev["bits_per_token"]
+
+
+def test_stopped_and_resumed_run_equals_one_run(tmp_path):
+    """should_stop ends a run with a checkpoint; resuming it gives the very weights of one
+    uninterrupted run (optimizer state, RNG / data position and schedule all restored)."""
+    c = tiny_config()
+    stream = torch.randint(2, 64, (3000,))
+
+    def tc(d):
+        return T.TrainConfig(
+            max_steps=6,
+            warmup_steps=2,
+            threads=1,
+            tokens_per_batch=64,
+            seq_tokens=8,
+            block_sizes=(4, 8),
+            block_probs=(0.5, 0.5),
+            ckpt_dir=str(tmp_path / d),
+        )
+
+    whole = T.new_model(c, 0)
+    T.train(whole, stream, tc("a"), log_fn=lambda s: None)
+    part = T.new_model(c, 0)
+    log = T.train(part, stream, tc("b"), log_fn=lambda s: None, should_stop=lambda step: step >= 3)
+    assert log["step"] == 3 and log["finished"] is False
+    resumed = T.new_model(c, 7)  # other init: everything must come from the checkpoint
+    log = T.train(resumed, stream, tc("b"), log_fn=lambda s: None, resume=tmp_path / "b" / "ckpt-last.pt")
+    assert log["step"] == 6 and log["finished"] is True
+    for (n, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), n
+    other = T.new_model(tiny_config(hidden_size=64), 0)
+    with pytest.raises(ValueError, match="another model shape"):
+        T.train(other, stream, tc("c"), log_fn=lambda s: None, resume=tmp_path / "b" / "ckpt-last.pt")
+
+
+def test_max_tokens_budget_ends_the_run(tmp_path):
+    m = T.new_model(tiny_config(), 0)
+    tc = T.TrainConfig(
+        max_tokens=300, warmup_steps=1, threads=1, tokens_per_batch=64, seq_tokens=8, ckpt_dir=str(tmp_path)
+    )
+    log = T.train(m, torch.randint(2, 64, (3000,)), tc, log_fn=lambda s: None)
+    assert log["finished"] and 300 <= log["tokens"] < 300 + 3 * 64
+
+
+def test_evaluate_heldout_unigram_on_the_same_tokens():
+    m = T.new_model(tiny_config(), 0)
+    ids = torch.randint(2, 64, (203,))
+    logp = torch.log2(torch.softmax(torch.randn(64), 0)).numpy()
+    ev = T.evaluate_heldout(m, ids, block_size=4, mask_ratio=0.5, seq_blocks=8, seed=0, unigram_log2p=logp)
+    # the masked positions, rebuilt: the fixed seed draws the same scores
+    g = torch.Generator().manual_seed(0)
+    score = torch.rand((1, 64, 4), generator=g)
+    valid = (torch.arange(256) < 203).view(1, 64, 4)
+    score = score.masked_fill(~valid, 2.0)
+    k = (valid.sum(-1, keepdim=True).float() * 0.5).round().clamp(min=1)
+    masked = (score.argsort(-1).argsort(-1) < k) & valid
+    padded = torch.zeros(256, dtype=torch.long)
+    padded[:203] = ids
+    want = -float(torch.as_tensor(logp, dtype=torch.float64)[padded.view(1, 64, 4)[masked]].mean())
+    assert ev["unigram_bits_per_token"] == pytest.approx(want, rel=1e-12)

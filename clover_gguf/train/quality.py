@@ -1,0 +1,168 @@
+"""clover-tiny's quality targets (issue 13), each measured the same way every time.
+
+- held-out stdlib: masked NLL at ratio 0.5 against the unigram cross-entropy of the train
+  split on the same masked tokens (`heldout_quality`);
+- third-party code never seen in training: a pure-Python wheel read as a zip (never
+  installed), its files split in two by sorted path; the unigram is fit on one half, model
+  and unigram scored on the same masked tokens of the other (`thirdparty_quality`);
+- function completions: greedy completions of the prompts in evaldata/function-prompts.json,
+  the body cut where the function ends, checked with ast.parse (`function_completions`).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import math
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ..util import EVALDATA
+
+FUNCTION_PROMPTS = EVALDATA / "function-prompts.json"
+THIRDPARTY_WHEEL = EVALDATA / "thirdparty" / "boltons-26.2.0-py3-none-any.whl"
+
+
+def unigram_log2p(ids, vocab_size: int) -> np.ndarray:
+    """log2 of the add-one unigram of `ids` over the vocabulary, [V]."""
+    c = np.bincount(np.asarray(ids, dtype=np.int64).ravel(), minlength=vocab_size).astype(np.float64)
+    return np.log2((c + 1.0) / (c.sum() + vocab_size))
+
+
+def scored(model, ids, fit_ids, **kw) -> dict:
+    """Masked NLL of `ids` (evaluate_heldout) beside the unigram fit on `fit_ids`, scored on
+    exactly the same masked tokens; `ratio` = model / unigram."""
+    from .trainer import evaluate_heldout
+
+    ev = evaluate_heldout(model, ids, unigram_log2p=unigram_log2p(fit_ids, model.config.vocab_size), **kw)
+    ev["ratio"] = ev["bits_per_token"] / ev["unigram_bits_per_token"]
+    return ev
+
+
+def heldout_quality(model, train_ids, held_ids, max_tokens: int | None = None) -> dict:
+    return scored(model, held_ids, train_ids, block_size=16, mask_ratio=0.5, seed=0, max_tokens=max_tokens)
+
+
+# --- third-party code ------------------------------------------------------------------------
+
+
+def wheel_sources(wheel: Path) -> list[tuple[str, str]]:
+    """(path, text) of every .py file in a wheel, sorted by path; read from the zip."""
+    with zipfile.ZipFile(wheel) as z:
+        names = sorted(n for n in z.namelist() if n.endswith(".py"))
+        return [(n, z.read(n).decode("utf-8")) for n in names]
+
+
+def encode_texts(tok, texts: list[str]) -> np.ndarray:
+    """Texts encoded one by one, <|endoftext|> between them (as the training streams)."""
+    parts: list[int] = []
+    for i, t in enumerate(texts):
+        if i:
+            parts.append(tok.eos_id)
+        parts.extend(tok.encode(t))
+    return np.asarray(parts, dtype=np.int64)
+
+
+def thirdparty_quality(model, tok, wheel: Path = THIRDPARTY_WHEEL, max_tokens: int | None = None) -> dict:
+    """Files at even positions (sorted by path) fit the unigram; the odd ones are scored."""
+    wheel = Path(wheel)
+    src = [(n, t) for n, t in wheel_sources(wheel) if t.strip()]
+    fit, held = src[0::2], src[1::2]
+    ev = scored(
+        model,
+        encode_texts(tok, [t for _, t in held]),
+        encode_texts(tok, [t for _, t in fit]),
+        block_size=16,
+        mask_ratio=0.5,
+        seed=0,
+        max_tokens=max_tokens,
+    )
+    ev.update(
+        wheel=wheel.name,
+        wheel_sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        fit_files=[n for n, _ in fit],
+        scored_files=[n for n, _ in held],
+    )
+    return ev
+
+
+# --- function completions --------------------------------------------------------------------
+
+
+def load_function_prompts(path: Path = FUNCTION_PROMPTS) -> list[str]:
+    return json.loads(Path(path).read_text())["prompts"]
+
+
+def function_body(completion: str, finished: bool) -> str:
+    """The generated body: lines up to the first non-blank line at column 0 (the function has
+    ended there). If neither that line nor the end of text came (`finished` false: the token
+    limit cut the generation), the last line may be cut off and is dropped."""
+    lines = completion.split("\n")
+    end = next((i for i, ln in enumerate(lines) if ln.strip() and not ln[0].isspace()), None)
+    if end is not None:
+        lines = lines[:end]
+    elif not finished:
+        lines = lines[:-1]
+    body = "\n".join(lines) + "\n"
+    return body if body.strip() else ""
+
+
+def body_parses(prompt: str, body: str) -> bool:
+    """ast.parse accepts prompt + body, and the body holds at least one statement line
+    (a prompt that ends in a docstring parses alone)."""
+    code = [ln for ln in body.split("\n") if ln.strip() and not ln.strip().startswith("#")]
+    if not code:
+        return False
+    try:
+        ast.parse(prompt + body)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def function_completions(model, tok, prompts: list[str], max_new_tokens: int = 64, block_size: int = 16) -> dict:
+    """Greedy completions with the PyTorch reference (`steps` = B, one token per step)."""
+    from ..reference.generate import GenerationConfig, TorchBackend, generate
+
+    c = model.config
+    cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        block_size=block_size,
+        steps=block_size,
+        temperature=0.0,
+        mask_token_id=c.mask_token_id,
+        eos_token_id=c.eos_token_id,
+    )
+    rows = []
+    for p in prompts:
+        res = generate(TorchBackend(model), tok.encode(p), cfg)
+        text = tok.decode(list(res.tokens))
+        finished = len(res.tokens) < max_new_tokens  # stopped at <|endoftext|>
+        body = function_body(text, finished)
+        rows.append({"prompt": p, "completion": text, "body": body, "parses": body_parses(p, body)})
+    n = sum(r["parses"] for r in rows)
+    return {
+        "settings": f"greedy, B={block_size}, steps={block_size}, max_new_tokens={max_new_tokens}",
+        "n_prompts": len(rows),
+        "n_parse": n,
+        "fraction": n / max(len(rows), 1),
+        "rows": rows,
+    }
+
+
+def targets(q: dict) -> dict:
+    """The issue's three targets, each as (value, bound, met)."""
+    out = {}
+    if "heldout" in q:
+        r = q["heldout"]["ratio"]
+        out["heldout_ratio"] = {"value": r, "bound": 0.75, "met": bool(r <= 0.75)}
+    if "thirdparty" in q:
+        r = q["thirdparty"]["ratio"]
+        out["thirdparty_ratio"] = {"value": r, "bound": 0.8, "met": bool(r <= 0.8)}
+    if "functions" in q:
+        f = q["functions"]["fraction"]
+        out["functions_parse"] = {"value": f, "bound": 0.5, "met": bool(f >= 0.5 and math.isfinite(f))}
+    return out

@@ -1,0 +1,88 @@
+"""clover-tiny's quality checks (clover_gguf/train/quality.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clover_gguf.train import quality as Q
+from clover_gguf.train import trainer as T
+from tests.train.test_train import tiny_config
+
+
+@pytest.mark.parametrize(
+    "completion, finished, body",
+    [
+        ("    return a + b\n\n\ndef g():\n    pass\n", False, "    return a + b\n\n\n"),
+        ("    x = 1\n    return x", True, "    x = 1\n    return x\n"),
+        ("    x = 1\n    return x +", False, "    x = 1\n"),  # the token limit cut the last line
+        ("class A:\n", False, ""),
+        ("", True, ""),
+    ],
+)
+def test_function_body(completion, finished, body):
+    assert Q.function_body(completion, finished) == body
+
+
+@pytest.mark.parametrize(
+    "prompt, body, ok",
+    [
+        ("def f(a, b):\n", "    return a + b\n", True),
+        ("def f(a, b):\n", "    return a +\n", False),
+        ("def f(a, b):\n", "\n", False),
+        ('def f():\n    """doc"""\n', "    # nothing\n", False),  # parses, but adds no statement
+        ('def f():\n    """doc"""\n', "    return 1\n", True),
+        ("def f():\n", "    if x:\n", False),
+        ("def f():\n", "    s = '\x00'\n", False),  # null byte: ValueError on 3.11
+    ],
+)
+def test_body_parses(prompt, body, ok):
+    assert Q.body_parses(prompt, body) is ok
+
+
+def test_function_prompts_file():
+    prompts = Q.load_function_prompts()
+    assert len(prompts) == 20 and len(set(prompts)) == 20
+    assert all(p.startswith("def ") and p.endswith("\n") for p in prompts)
+
+
+def test_unigram_log2p_is_add_one():
+    lp = Q.unigram_log2p([0, 0, 1], 4)
+    assert np.allclose(2.0**lp, [3 / 7, 2 / 7, 1 / 7, 1 / 7])
+
+
+def test_wheel_is_read_not_installed():
+    src = Q.wheel_sources(Q.THIRDPARTY_WHEEL)
+    assert len(src) >= 20 and all(n.startswith("boltons/") and n.endswith(".py") for n, _ in src)
+    import importlib.util
+
+    assert importlib.util.find_spec("boltons") is None
+
+
+class _ByteTok:
+    eos_id = 0
+
+    def encode(self, text):
+        return [2 + b % 62 for b in text.encode()]
+
+
+def test_thirdparty_quality_splits_and_scores():
+    m = T.new_model(tiny_config(), 0)
+    ev = Q.thirdparty_quality(m, _ByteTok(), max_tokens=512)
+    assert set(ev["fit_files"]).isdisjoint(ev["scored_files"])
+    assert len(ev["fit_files"]) - len(ev["scored_files"]) in (0, 1)
+    assert ev["n_tokens"] == 512 and ev["ratio"] == ev["bits_per_token"] / ev["unigram_bits_per_token"]
+    assert len(ev["wheel_sha256"]) == 64
+
+
+def test_function_completions_and_targets():
+    m = T.new_model(tiny_config(), 0)
+
+    class Tok(_ByteTok):
+        def decode(self, ids):
+            return "".join(chr(i) for i in ids)
+
+    res = Q.function_completions(m, Tok(), ["def f():\n"], max_new_tokens=8, block_size=4)
+    assert res["n_prompts"] == 1 and len(res["rows"]) == 1 and res["n_parse"] in (0, 1)
+    t = Q.targets({"heldout": {"ratio": 0.7}, "thirdparty": {"ratio": 0.85}, "functions": res | {"fraction": 0.5}})
+    assert t["heldout_ratio"]["met"] and not t["thirdparty_ratio"]["met"] and t["functions_parse"]["met"]
