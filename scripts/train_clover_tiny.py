@@ -452,6 +452,10 @@ def write_model_card(out: Path, log: dict) -> Path:
     ]
     lines += quality_section(fin)
     lines += [
+        f"Limitations: {log['tokens'] / 1e6:.1f}M training tokens of one corpus (the standard library). The model "
+        "writes Python-shaped text (indentation, names, calls, docstrings), not working programs; it exists to "
+        "exercise the toolkit (converter, runtime, quantization reports) with predictions that are not flat.",
+        "",
         "## Reproduce",
         "",
         "```sh",
