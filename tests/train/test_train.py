@@ -137,20 +137,16 @@ def test_few_steps_decrease_loss_on_fixed_batch(precision):
         assert all(torch.equal(p, q.to(torch.bfloat16)) for p, q in zip(ms.params, ms.master))
 
 
+def small_tc(**kw) -> T.TrainConfig:
+    """A few steps of tiny batches, one thread."""
+    d = dict(threads=1, tokens_per_batch=64, seq_tokens=8, block_sizes=(4, 8), block_probs=(0.5, 0.5))
+    return T.TrainConfig(**{**d, **kw})
+
+
 def test_train_loop_checkpoint_and_save(tmp_path):
     c = tiny_config()
     m = T.new_model(c, 0)
-    tc = T.TrainConfig(
-        max_steps=4,
-        warmup_steps=1,
-        threads=1,
-        tokens_per_batch=64,
-        seq_tokens=8,
-        block_sizes=(4, 8),
-        block_probs=(0.5, 0.5),
-        ckpt_dir=str(tmp_path / "ck"),
-        log_every=2,
-    )
+    tc = small_tc(max_steps=4, warmup_steps=1, ckpt_dir=str(tmp_path / "ck"), log_every=2)
     log = T.train(m, torch.randint(2, 64, (3000,)), tc, log_fn=lambda s: None)
     assert log["step"] == 4 and log["tokens"] > 0 and len(log["steps"]) == 4
     assert (tmp_path / "ck" / "ckpt-last.pt").is_file()
@@ -190,16 +186,7 @@ def test_stopped_and_resumed_run_equals_one_run(tmp_path):
     stream = torch.randint(2, 64, (3000,))
 
     def tc(d):
-        return T.TrainConfig(
-            max_steps=6,
-            warmup_steps=2,
-            threads=1,
-            tokens_per_batch=64,
-            seq_tokens=8,
-            block_sizes=(4, 8),
-            block_probs=(0.5, 0.5),
-            ckpt_dir=str(tmp_path / d),
-        )
+        return small_tc(max_steps=6, warmup_steps=2, ckpt_dir=str(tmp_path / d))
 
     whole = T.new_model(c, 0)
     T.train(whole, stream, tc("a"), log_fn=lambda s: None)
