@@ -12,12 +12,10 @@ cat clover_gguf/convert/*.py clover_gguf/eval/*.py > out/baseline/calib.txt
 clover-gguf imatrix models/clover-tiny -f out/baseline/calib.txt -o out/baseline/clover-tiny.imatrix.gguf --ctx 256 --chunks 16
 step baseline-quality
 rm -rf out/eval/baseline-v2
-clover-gguf eval baseline --reference models/clover-tiny --out evaldata/baseline/clover-tiny --work out/eval/baseline-v2 \
-  --windows 4 --blocks 64 --n-prompts 8 --max-new-tokens 32 --sens-windows 1 --threads 2 --runtime-threads 2 --stage files
-clover-gguf eval baseline --reference models/clover-tiny --out evaldata/baseline/clover-tiny --work out/eval/baseline-v2 \
-  --windows 4 --blocks 64 --n-prompts 8 --max-new-tokens 32 --sens-windows 1 --threads 2 --runtime-threads 2 --stage quality
-clover-gguf eval baseline --reference models/clover-tiny --out evaldata/baseline/clover-tiny --work out/eval/baseline-v2 \
-  --windows 4 --blocks 64 --n-prompts 8 --max-new-tokens 32 --sens-windows 1 --threads 2 --runtime-threads 2 --stage sensitivity
+for stage in files quality sensitivity; do
+  clover-gguf eval baseline --reference models/clover-tiny --out evaldata/baseline/clover-tiny --work out/eval/baseline-v2 \
+    --windows 4 --blocks 64 --n-prompts 8 --max-new-tokens 32 --sens-windows 1 --threads 2 --runtime-threads 2 --stage $stage
+done
 step baseline-speed
 clover-gguf eval baseline --reference models/clover-tiny --out evaldata/baseline/clover-tiny --work out/eval/baseline-v2 \
   --windows 4 --blocks 64 --n-prompts 8 --max-new-tokens 64 --runs 5 --threads 1 --runtime-threads 1 \

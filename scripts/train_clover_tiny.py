@@ -7,6 +7,9 @@ evaluate it on the held-out modules. The logic lives in clover_gguf/train/ (trai
     python scripts/train_clover_tiny.py --bench 16x16x17,8x32x9       # tokens/s, random tokens
     python scripts/train_clover_tiny.py --resume out/clover-tiny-train/ckpt-last.pt --time-budget-min 90
     python scripts/train_clover_tiny.py --eval-only                   # eval + card for the saved model
+    python scripts/train_clover_tiny.py --max-tokens 60000000 --run-minutes 120   # a long run in parts:
+    python scripts/train_clover_tiny.py --max-tokens 60000000 --run-minutes 120 \
+        --resume out/clover-tiny-train/ckpt-last.pt                   # ... until the token budget is reached
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def parse_args(argv=None):
         help="torch threads; 1 is fastest on the shared 2-core box (2 threads: OpenMP barrier stalls)",
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (scripts/train_on_device.sh)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (untested there)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--experts", type=int, default=None)
     ap.add_argument("--top-k", type=int, default=None)

@@ -279,6 +279,13 @@ def heldout_tokens(tokenizer, cache_dir: Path | None = None) -> np.ndarray:
 # --- baselines -------------------------------------------------------------------------
 
 
+def unigram_log2p(ids, vocab_size: int) -> np.ndarray:
+    """log2 of the add-one unigram of `ids` over the vocabulary, [V]:
+    p(w) = (c(w) + 1) / (N + V)."""
+    c = np.bincount(np.asarray(ids, dtype=np.int64).ravel(), minlength=vocab_size).astype(np.float64)
+    return np.log2((c + 1.0) / (c.sum() + vocab_size))
+
+
 def unigram_entropy_bits(train_ids, heldout_ids, vocab_size: int | None = None) -> dict:
     """Unigram baselines in bits/token.
 
@@ -293,8 +300,7 @@ def unigram_entropy_bits(train_ids, heldout_ids, vocab_size: int | None = None) 
     V = vocab_size or int(max(tr.max(initial=-1), ho.max(initial=-1)) + 1)
     ct = np.bincount(tr, minlength=V).astype(np.float64)
     ch = np.bincount(ho, minlength=V).astype(np.float64)
-    p_train = (ct + 1.0) / (ct.sum() + V)
-    cross = float(-(ch * np.log2(p_train)).sum() / max(ch.sum(), 1))
+    cross = float(-(ch * unigram_log2p(tr, V)).sum() / max(ch.sum(), 1))
 
     def ent(c):
         p = c[c > 0] / c.sum()

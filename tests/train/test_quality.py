@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from clover_gguf.train import data
 from clover_gguf.train import quality as Q
 from clover_gguf.train import trainer as T
 from tests.train.test_train import tiny_config
@@ -47,7 +48,7 @@ def test_function_prompts_file():
 
 
 def test_unigram_log2p_is_add_one():
-    lp = Q.unigram_log2p([0, 0, 1], 4)
+    lp = data.unigram_log2p([0, 0, 1], 4)
     assert np.allclose(2.0**lp, [3 / 7, 2 / 7, 1 / 7, 1 / 7])
 
 
