@@ -86,7 +86,11 @@ def parse_args(argv=None):
     ap.add_argument("--ckpt-every-min", type=float, default=4.0)
     ap.add_argument("--eval-every-min", type=float, default=10.0)
     ap.add_argument("--eval-tokens", type=int, default=8192, help="held-out tokens for the periodic eval")
-    ap.add_argument("--resume", default=None)
+    ap.add_argument(
+        "--resume",
+        default=None,
+        help="a checkpoint (continues exactly), or a model folder with train_log.json (warm restart: new optimizer)",
+    )
     ap.add_argument("--bench", default=None, help="comma list NxBxNB: time train steps on random tokens and exit")
     ap.add_argument("--bench-steps", type=int, default=8, help="timed steps per --bench shape")
     ap.add_argument("--eval-only", action="store_true", help="skip training: evaluate the model in --out")
@@ -248,6 +252,19 @@ def plot_loss(log: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def run_commands(log: dict) -> list[str]:
+    """The command of each part of a resumed run (log["runs"]), else the one command."""
+    runs = [r for r in log.get("runs", []) if r.get("command")]
+    if len(runs) < 2:
+        return [log.get("command", "python scripts/train_clover_tiny.py --time-budget-min 43")]
+    return [
+        f"# part {i + 1}: from step {r['step']:,} ({r['tokens']:,} tokens, {r['elapsed_s'] / 60:.1f} min)"
+        + (", a warm restart from the saved model" if r.get("warm_restart") else "")
+        + f"\n{r['command']}"
+        for i, r in enumerate(runs)
+    ]
 
 
 def compact_log(log: dict, max_points: int = 600) -> dict:
@@ -429,7 +446,13 @@ def write_model_card(out: Path, log: dict) -> Path:
         "",
         f"- optimizer: AdamW (betas {tc['betas']}, weight decay {tc['weight_decay']} on matrices), peak lr "
         f"{tc['lr']}, {tc['warmup_steps']} warmup steps, cosine to {tc['min_lr_frac']} x peak over the time "
-        f"budget ({tc['time_budget_min']} min), grad-norm clip {tc['grad_clip']}",
+        f"budget ({tc['time_budget_min']} min), grad-norm clip {tc['grad_clip']}"
+        + "".join(
+            f"; warm restart at step {r['step']:,} from the saved model (its checkpoint was lost): new optimizer "
+            "state, the warmup climbing to the cosine's value there"
+            for r in log.get("runs", [])
+            if r.get("warm_restart")
+        ),
         f"- batch: about {tc['tokens_per_batch']} real tokens (windows of about {tc['seq_tokens']} tokens)",
         f"- precision: {tc['precision']} (BF16 weights and activations, float32 master weights/optimizer; "
         "norms, softmaxes, router and delta rule in float32 as the model does); seed "
@@ -465,12 +488,13 @@ def write_model_card(out: Path, log: dict) -> Path:
         ". .venv/bin/activate",
         "# tokenizer.json / tokenizer_config.json: scripts/train_tokenizer.py (already in the model folder);",
         "# the script encodes the train/held-out streams itself (cached in .cache/tokens)",
-        log.get("command", "python scripts/train_clover_tiny.py --time-budget-min 43"),
+        *run_commands(log),
         "```",
         "",
         "Training is seeded, but a time budget makes the number of steps depend on the machine's speed; "
         "`--max-steps N` (no time budget) gives a fixed schedule. `--resume out/clover-tiny-train/ckpt-last.pt` "
-        "continues from the last checkpoint (written every few minutes).",
+        "continues from the last checkpoint (written every few minutes); with the checkpoint gone, `--resume "
+        "models/clover-tiny` restarts warm from the saved model (new optimizer state).",
         "",
     ]
     path = out / "README.md"
@@ -504,11 +528,19 @@ def main(argv=None) -> int:
         model = T.new_model(c, a.seed)
         log_print(f"model: {sum(p.numel() for p in model.parameters())} parameters; {c.to_dict()}")
         stream = torch.from_numpy(train_ids.astype(np.int64))
-        if a.resume and not Path(a.resume).is_file():
-            raise SystemExit(f"--resume {a.resume}: no such checkpoint")
+        if a.resume and not (Path(a.resume).is_file() or (Path(a.resume) / "train_log.json").is_file()):
+            raise SystemExit(f"--resume {a.resume}: neither a checkpoint nor a model folder with train_log.json")
+        command = "python scripts/train_clover_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv)
         try:
             log = T.train(
-                model, stream, tc, heldout=held_ids, log_fn=log_print, resume=a.resume, should_stop=stopper(a)
+                model,
+                stream,
+                tc,
+                heldout=held_ids,
+                log_fn=log_print,
+                resume=a.resume,
+                should_stop=stopper(a),
+                command=command,
             )
         except ValueError as e:  # a checkpoint of another shape
             raise SystemExit(str(e)) from None
@@ -516,7 +548,7 @@ def main(argv=None) -> int:
             return 0
         T.save_hf(model, out)
         log["data"] = info
-        log["command"] = "python scripts/train_clover_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        log["command"] = command
         log_path.write_text(json.dumps(compact_log(log), separators=(",", ":")) + "\n")
         log_print(
             f"saved {out / 'model.safetensors'} after {log['step']} steps, {log['tokens']} tokens, "

@@ -331,11 +331,14 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)
 
 
-def lr_at(step: int, progress: float, tc: TrainConfig) -> float:
-    if step < tc.warmup_steps:
+def lr_at(step: int, progress: float, tc: TrainConfig, warm_start: int = 0) -> float:
+    """Linear warmup to tc.lr, then cosine by progress down to min_lr_frac. After a warm
+    restart at step `warm_start` the warmup climbs to the cosine's value there instead."""
+    if not warm_start and step < tc.warmup_steps:
         return tc.lr * (step + 1) / tc.warmup_steps
     p = min(max(progress, 0.0), 1.0)
-    return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+    lr = tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+    return lr * min(1.0, (step - warm_start + 1) / tc.warmup_steps)
 
 
 def make_optimizer(model: CloverModel, tc: TrainConfig, master: MasterWeights | None = None) -> torch.optim.Optimizer:
@@ -448,12 +451,15 @@ def train(
     log_fn=print,
     resume: str | Path | None = None,
     should_stop=None,
+    command: str | None = None,
 ) -> dict:
     """Train `model` (float32 on entry and on return) in place on the token stream.
     Checkpoints (fp32 weights, optimizer, RNG, log) go to {ckpt_dir}/ckpt-last.pt every
     ckpt_every_min minutes, with a BF16 HF copy in {ckpt_dir}/hf. `should_stop(step)` true
     ends this run early with a checkpoint (log["finished"] false): `resume` continues it,
-    batches and schedule exactly as one uninterrupted run. Returns the log dict."""
+    batches and schedule exactly as one uninterrupted run. `resume` may also be a saved model
+    folder: a warm restart (same weights and log, fresh optimizer and batches). log["runs"] records where each part
+    started and with what `command`. Returns the log dict."""
     torch.set_num_threads(tc.threads)
     c = model.config
     model.to(tc.device).train()
@@ -477,7 +483,24 @@ def train(
     def weights() -> dict:
         return master.state_dict() if master is not None else {k: v.detach() for k, v in model.state_dict().items()}
 
-    if resume:
+    if resume and Path(resume).is_dir():
+        # A released model folder (model.safetensors + train_log.json), for when the checkpoint
+        # is gone: its weights and log; the optimizer moments restart at zero, so the LR warms up again.
+        log = json.loads((Path(resume) / "train_log.json").read_text())
+        if log["model_config"] != c.to_dict():
+            raise ValueError(f"{resume}: model of another shape ({log['model_config']})")
+        sd = CloverModel.from_pretrained(resume).state_dict()
+        if master is not None:
+            master.load_state_dict(sd)
+        else:
+            model.load_state_dict(sd)
+        for k in ("final", "unigram", "command", "data", "finished"):
+            log.pop(k, None)
+        log["warm_start_step"] = log["step"]
+        gen.manual_seed(tc.seed + log["step"])  # not the batches the run began with
+        log["train_config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
+        log_fn(f"warm restart from {resume} at step {log['step']}, {log['tokens']} tokens (new optimizer state)")
+    elif resume:
         ck = torch.load(resume, weights_only=False, map_location=tc.device)
         if ck["log"]["model_config"] != c.to_dict():
             raise ValueError(f"{resume}: checkpoint of another model shape ({ck['log']['model_config']})")
@@ -491,6 +514,10 @@ def train(
         log["train_config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
         log_fn(f"resumed from {resume} at step {log['step']}, {log['tokens']} tokens")
     step, tokens, elapsed0 = log["step"], log["tokens"], log["elapsed_s"]
+    warm = bool(resume) and Path(resume).is_dir()
+    log.setdefault("runs", []).append(
+        {"step": step, "tokens": tokens, "elapsed_s": round(elapsed0, 1), "command": command, "warm_restart": warm}
+    )
     t_start = time.time()
     last_ckpt = last_eval = time.time()
     win_tok, win_t = 0, 0.0
@@ -520,7 +547,7 @@ def train(
             log["finished"] = False
             log_fn(f"stopping at step {step}, {tokens} tokens; --resume {ckpt_dir / 'ckpt-last.pt'} continues")
             break
-        lr = lr_at(step, progress, tc)
+        lr = lr_at(step, progress, tc, log.get("warm_start_step", 0))
         B = choose_block(gen, tc)
         n_seq, nb = batch_shape(B, tc)
         t0 = time.time()

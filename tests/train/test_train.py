@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -194,13 +195,44 @@ def test_stopped_and_resumed_run_equals_one_run(tmp_path):
     log = T.train(part, stream, tc("b"), log_fn=lambda s: None, should_stop=lambda step: step >= 3)
     assert log["step"] == 3 and log["finished"] is False
     resumed = T.new_model(c, 7)  # other init: everything must come from the checkpoint
-    log = T.train(resumed, stream, tc("b"), log_fn=lambda s: None, resume=tmp_path / "b" / "ckpt-last.pt")
+    log = T.train(
+        resumed, stream, tc("b"), log_fn=lambda s: None, resume=tmp_path / "b" / "ckpt-last.pt", command="part 2"
+    )
     assert log["step"] == 6 and log["finished"] is True
+    assert [(r["step"], r["command"]) for r in log["runs"]] == [(0, None), (3, "part 2")]
     for (n, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), n
     other = T.new_model(tiny_config(hidden_size=64), 0)
     with pytest.raises(ValueError, match="another model shape"):
         T.train(other, stream, tc("c"), log_fn=lambda s: None, resume=tmp_path / "b" / "ckpt-last.pt")
+
+
+def test_warm_restart_from_a_model_folder(tmp_path):
+    """--resume on a saved model folder (its checkpoint gone): the saved weights and log go on,
+    the step count continues and the LR warms up again for the fresh optimizer."""
+    c = tiny_config()
+    stream = torch.randint(2, 64, (3000,))
+    first = T.new_model(c, 0)
+    log = T.train(
+        first, stream, small_tc(max_steps=3, warmup_steps=1, ckpt_dir=str(tmp_path / "a")), log_fn=lambda s: None
+    )
+    T.save_hf(first, tmp_path / "model")
+    (tmp_path / "model" / "train_log.json").write_text(json.dumps(log))
+    saved = CloverModel.from_pretrained(tmp_path / "model").state_dict()
+    warm = T.new_model(c, 7)
+    tc = small_tc(max_steps=6, warmup_steps=2, ckpt_dir=str(tmp_path / "b"))
+    log = T.train(warm, stream, tc, log_fn=lambda s: None, resume=tmp_path / "model", should_stop=lambda s: s >= 3)
+    assert log["step"] == 3 and log["warm_start_step"] == 3  # stopped before any step: the saved weights
+    for n, w in warm.state_dict().items():
+        assert torch.equal(w, saved[n]), n
+    log = T.train(warm, stream, tc, log_fn=lambda s: None, resume=tmp_path / "model", command="part 2")
+    assert log["step"] == 6 and [r["step"] for r in log["runs"]] == [0, 3]
+    lrs = [s["lr"] for s in log["steps"][3:6]]  # warmup from the restart, to the cosine's value
+    cosine = [T.lr_at(k, k / 6, tc) for k in (3, 4, 5)]
+    assert lrs == pytest.approx([cosine[0] / 2, *cosine[1:]], rel=1e-3)
+    other = T.new_model(tiny_config(hidden_size=64), 0)
+    with pytest.raises(ValueError, match="another shape"):
+        T.train(other, stream, tc, log_fn=lambda s: None, resume=tmp_path / "model")
 
 
 def test_max_tokens_budget_ends_the_run(tmp_path):
