@@ -10,6 +10,8 @@ evaluate it on the held-out modules. The logic lives in clover_gguf/train/ (trai
     python scripts/train_clover_tiny.py --max-tokens 60000000 --run-minutes 120   # a long run in parts:
     python scripts/train_clover_tiny.py --max-tokens 60000000 --run-minutes 120 \
         --resume out/clover-tiny-train/ckpt-last.pt                   # ... until the token budget is reached
+    python scripts/train_clover_tiny.py --resume models/clover-tiny --time-budget-min 240  # checkpoint lost:
+                                                  # warm restart from the saved model (new optimizer state)
 """
 
 from __future__ import annotations
