@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clover_gguf.constants import TENSOR_GROUPS  # noqa: E402
+from clover_gguf.constants import tensor_group  # noqa: E402
 from clover_gguf.gguf_io.reader import dequantize_tensor, open_gguf  # noqa: E402
 
 
@@ -29,7 +28,7 @@ def errors(base: Path, quant: Path, imatrix=None) -> dict:
     for t in open_gguf(quant).tensors:
         if t.tensor_type.name in ("F32", "BF16", "F16") or t.name not in ref:
             continue
-        group = next((g for g, pat in TENSOR_GROUPS.items() if re.search(pat, t.name)), "other")
+        group = tensor_group(t.name)
         w = dequantize_tensor(ref[t.name]).astype(np.float64)
         d = dequantize_tensor(t).astype(np.float64) - w
         a = acc.setdefault(group, {"err": 0.0, "norm": 0.0, "err_act": 0.0, "norm_act": 0.0, "types": set()})

@@ -458,8 +458,8 @@ def train(
     ckpt_every_min minutes, with a BF16 HF copy in {ckpt_dir}/hf. `should_stop(step)` true
     ends this run early with a checkpoint (log["finished"] false): `resume` continues it,
     batches and schedule exactly as one uninterrupted run. `resume` may also be a saved model
-    folder: a warm restart (same weights and log, fresh optimizer and batches). log["runs"] records where each part
-    started and with what `command`. Returns the log dict."""
+    folder: a warm restart (same weights and log, fresh optimizer and batches). log["runs"]
+    records where each part started and with what `command`. Returns the log dict."""
     torch.set_num_threads(tc.threads)
     c = model.config
     model.to(tc.device).train()
@@ -468,8 +468,9 @@ def train(
     if tc.compile:
         compile_model(model)
     gen = torch.Generator().manual_seed(tc.seed)
+    train_config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
     log = {
-        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()},
+        "train_config": train_config,
         "model_config": c.to_dict(),
         "n_params": sum(p.numel() for p in model.parameters()),
         "steps": [],
@@ -483,38 +484,38 @@ def train(
     def weights() -> dict:
         return master.state_dict() if master is not None else {k: v.detach() for k, v in model.state_dict().items()}
 
-    if resume and Path(resume).is_dir():
+    def load_weights(sd: dict):
+        if master is not None:
+            master.load_state_dict(sd)
+        else:
+            model.load_state_dict(sd)
+
+    warm = bool(resume) and Path(resume).is_dir()
+    if warm:
         # A released model folder (model.safetensors + train_log.json), for when the checkpoint
         # is gone: its weights and log; the optimizer moments restart at zero, so the LR warms up again.
         log = json.loads((Path(resume) / "train_log.json").read_text())
         if log["model_config"] != c.to_dict():
             raise ValueError(f"{resume}: model of another shape ({log['model_config']})")
-        sd = CloverModel.from_pretrained(resume).state_dict()
-        if master is not None:
-            master.load_state_dict(sd)
-        else:
-            model.load_state_dict(sd)
+        load_weights(CloverModel.from_pretrained(resume).state_dict())
         for k in ("final", "unigram", "command", "data", "finished"):
             log.pop(k, None)
         log["warm_start_step"] = log["step"]
         gen.manual_seed(tc.seed + log["step"])  # not the batches the run began with
-        log["train_config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
+        log["train_config"] = train_config
         log_fn(f"warm restart from {resume} at step {log['step']}, {log['tokens']} tokens (new optimizer state)")
     elif resume:
         ck = torch.load(resume, weights_only=False, map_location=tc.device)
         if ck["log"]["model_config"] != c.to_dict():
             raise ValueError(f"{resume}: checkpoint of another model shape ({ck['log']['model_config']})")
-        if master is not None:
-            master.load_state_dict(ck["model"])
-        else:
-            model.load_state_dict(ck["model"])
+        load_weights(ck["model"])
         opt.load_state_dict(ck["opt"])
         gen.set_state(ck["gen"].cpu())
         log = ck["log"]
-        log["train_config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
+        log["train_config"] = train_config
         log_fn(f"resumed from {resume} at step {log['step']}, {log['tokens']} tokens")
     step, tokens, elapsed0 = log["step"], log["tokens"], log["elapsed_s"]
-    warm = bool(resume) and Path(resume).is_dir()
+    warm_start = log.get("warm_start_step", 0)
     log.setdefault("runs", []).append(
         {"step": step, "tokens": tokens, "elapsed_s": round(elapsed0, 1), "command": command, "warm_restart": warm}
     )
@@ -547,7 +548,7 @@ def train(
             log["finished"] = False
             log_fn(f"stopping at step {step}, {tokens} tokens; --resume {ckpt_dir / 'ckpt-last.pt'} continues")
             break
-        lr = lr_at(step, progress, tc, log.get("warm_start_step", 0))
+        lr = lr_at(step, progress, tc, warm_start)
         B = choose_block(gen, tc)
         n_seq, nb = batch_shape(B, tc)
         t0 = time.time()
