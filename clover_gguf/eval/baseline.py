@@ -45,9 +45,10 @@ FILE_SETS = {n: kw for n, kw in BASELINE_FILES + LOWBIT_FILES}
 
 
 def make_files(reference, work_dir, files=BASELINE_FILES, log=print, imatrix=None) -> list[tuple[str, Path, dict]]:
-    """Convert the files (an imatrix, when given, goes to every one). The returned options
-    name the imatrix, so the report says how each file was made."""
-    from ..convert.converter import convert
+    """Convert the files (an imatrix, when given, goes to every one), reusing those in the work
+    folder made from the same weights and options. The returned options name the imatrix, so
+    the report says how each file was made."""
+    from .workfiles import converted
 
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -55,11 +56,7 @@ def make_files(reference, work_dir, files=BASELINE_FILES, log=print, imatrix=Non
     for name, kw in files:
         if imatrix:
             kw = {**kw, "imatrix": str(imatrix)}
-        p = work / f"clover-tiny-{name}.gguf"
-        if not p.exists():
-            log(f"convert {name}: {kw}")
-            convert(reference, p, progress=False, log=lambda *a, **k: None, **kw)
-        out.append((name, p, kw))
+        out.append((name, converted(reference, work / f"clover-tiny-{name}.gguf", log=log, **kw), kw))
     return out
 
 

@@ -51,7 +51,7 @@ def run_sensitivity(
     """Convert one file per group, score them (quality.Sampling, no generation), return the
     sensitivity run (also written to ``out_dir/sensitivity.json``). ``imatrix``: a GGUF
     imatrix weighting the group's quantization (the IQ2 types need one)."""
-    from ..convert.converter import convert
+    from .workfiles import converted
 
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
@@ -62,23 +62,17 @@ def run_sensitivity(
         if g not in TENSOR_GROUPS:
             raise ValueError(f"unknown tensor group {g!r}; known: {', '.join(TENSOR_GROUPS)}")
     files = []
-    base_file = work / f"sens-base-{base}.gguf"
-    if not base_file.exists():
-        convert(reference, base_file, outtype=base, experts=base, progress=False, log=lambda *a, **k: None)
+    base_file = converted(reference, work / f"sens-base-{base}.gguf", log=log, outtype=base, experts=base)
     for g in groups:
-        f = work / f"sens-{g}-{qtype}.gguf"
-        if not f.exists():
-            log(f"convert: {g} -> {qtype}")
-            convert(
-                reference,
-                f,
-                outtype=base,
-                experts=base,
-                tensor_types=[(TENSOR_GROUPS[g], qtype)],
-                imatrix=imatrix,
-                progress=False,
-                log=lambda *a, **k: None,
-            )
+        f = converted(
+            reference,
+            work / f"sens-{g}-{qtype}.gguf",
+            log=log,
+            outtype=base,
+            experts=base,
+            tensor_types=[(TENSOR_GROUPS[g], qtype)],
+            imatrix=imatrix,
+        )
         files.append(f)
     q = run_quality(
         reference,
@@ -117,6 +111,7 @@ def run_sensitivity(
     if not keep:
         for f in files + [base_file]:
             f.unlink(missing_ok=True)
+            f.with_name(f.name + ".source.json").unlink(missing_ok=True)
         try:
             work.rmdir()
         except OSError:

@@ -1,0 +1,47 @@
+"""Converted files kept in an eval work folder between runs. A file is reused only when it was
+made from the same reference weights with the same options: retrained weights or a new imatrix
+must not be scored through a stale quantization."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def _fingerprint(path: Path) -> list:
+    """(name, size, mtime_ns) of a file, or of a folder's safetensors and config.json."""
+    path = Path(path)
+    files = sorted([*path.glob("*.safetensors"), *path.glob("config.json")]) if path.is_dir() else [path]
+    return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def source_stamp(reference, options: dict) -> dict:
+    opts = {k: str(v) for k, v in sorted(options.items())}
+    stamp = {"reference": _fingerprint(reference), "options": opts}
+    if options.get("imatrix"):
+        stamp["imatrix"] = _fingerprint(options["imatrix"])
+    return stamp
+
+
+def converted(reference, path, log=print, **options) -> Path:
+    """`path` converted from `reference` with `options` (convert's keywords), reusing the file
+    there when its stamp (path + '.source.json') names the same weights and options."""
+    from ..convert.converter import convert
+
+    path = Path(path)
+    stamp_path = path.with_name(path.name + ".source.json")
+    stamp = source_stamp(reference, options)
+    if path.exists() and stamp_path.exists():
+        try:
+            if json.loads(stamp_path.read_text()) == stamp:
+                return path
+        except ValueError:
+            pass
+    log(f"convert {path.name}: {options}")
+    stamp_path.unlink(missing_ok=True)
+    convert(reference, path, force=True, progress=False, log=lambda *a, **k: None, **options)
+    tmp = stamp_path.with_name(stamp_path.name + ".tmp")
+    tmp.write_text(json.dumps(stamp, indent=1))
+    os.replace(tmp, stamp_path)
+    return path
