@@ -1,0 +1,77 @@
+#!/usr/bin/env python
+"""How often clover-tiny's function completions parse, beyond the model card's one figure
+(greedy, 64 tokens): greedy at more token limits, and sampled over several seeds, which is a
+less noisy comparison of two models than 20 greedy completions.
+
+    python scripts/function_parse_rates.py models/clover-tiny out/clover-tiny-v2
+    python scripts/function_parse_rates.py models/clover-tiny --max-new-tokens 64 128 --seeds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clover_gguf.reference.generate import GenerationConfig, TorchBackend, generate  # noqa: E402
+from clover_gguf.reference.model import CloverModel  # noqa: E402
+from clover_gguf.tokenizer import CloverTokenizer  # noqa: E402
+from clover_gguf.train import quality as Q  # noqa: E402
+
+
+def sampled_parse_count(model, tok, prompts, seeds: int, temperature: float, top_p: float, n: int = 64) -> int:
+    c = model.config
+    hits = 0
+    for seed in range(seeds):
+        cfg = GenerationConfig(
+            max_new_tokens=n,
+            block_size=16,
+            steps=16,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            mask_token_id=c.mask_token_id,
+            eos_token_id=c.eos_token_id,
+        )
+        for p in prompts:
+            res = generate(TorchBackend(model), tok.encode(p), cfg)
+            body = Q.function_body(tok.decode(list(res.tokens)), len(res.tokens) < n)
+            hits += Q.body_parses(p, body)
+    return hits
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", help="model folders (safetensors + config.json + tokenizer)")
+    ap.add_argument("--max-new-tokens", type=int, nargs="+", default=[64, 128], help="greedy token limits")
+    ap.add_argument("--seeds", type=int, default=5, help="sampled completions per prompt (0: none)")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    prompts = Q.load_function_prompts()
+    for d in a.models:
+        model = CloverModel.from_pretrained(d).eval()
+        tok = CloverTokenizer.from_dir(d)
+        t0 = time.time()
+        for n in a.max_new_tokens:
+            r = Q.function_completions(model, tok, prompts, max_new_tokens=n)
+            print(f"{d}: greedy, {n} tokens: {r['n_parse']}/{r['n_prompts']} parse", flush=True)
+        if a.seeds:
+            hits = sampled_parse_count(model, tok, prompts, a.seeds, a.temperature, a.top_p)
+            print(
+                f"{d}: sampled (T={a.temperature}, top-p {a.top_p}, {a.seeds} seeds, 64 tokens): "
+                f"{hits}/{a.seeds * len(prompts)} parse ({time.time() - t0:.0f} s)",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
