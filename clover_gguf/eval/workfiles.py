@@ -4,21 +4,31 @@ must not be scored through a stale quantization."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
 
 def _fingerprint(path: Path) -> list:
-    """(name, size, mtime_ns) of a file, or of a folder's safetensors and config.json."""
+    """(name, size, mtime_ns) of a file, or of every file in a model folder (weights, config,
+    tokenizer: all go into the GGUF)."""
     path = Path(path)
-    files = sorted([*path.glob("*.safetensors"), *path.glob("config.json")]) if path.is_dir() else [path]
+    files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else [path]
     return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def _converter_hash() -> str:
+    """The converter's own source: a fix to it must not leave files made by the old one."""
+    h = hashlib.sha256()
+    for f in sorted((Path(__file__).resolve().parents[1] / "convert").glob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def source_stamp(reference, options: dict) -> dict:
     opts = {k: str(v) for k, v in sorted(options.items())}
-    stamp = {"reference": _fingerprint(reference), "options": opts}
+    stamp = {"reference": _fingerprint(reference), "options": opts, "converter": _converter_hash()}
     if options.get("imatrix"):
         stamp["imatrix"] = _fingerprint(options["imatrix"])
     return stamp

@@ -33,6 +33,11 @@ def test_reused_only_for_the_same_weights_and_options(tmp_path):
     os.utime(st, ns=(st.stat().st_atime_ns, st.stat().st_mtime_ns + 10**9))
     assert convert(recipe="q4_k")
 
+    # another tokenizer goes into the GGUF's vocabulary too
+    tj = ref / "tokenizer.json"
+    os.utime(tj, ns=(tj.stat().st_atime_ns, tj.stat().st_mtime_ns + 10**9))
+    assert convert(recipe="q4_k")
+
     # a file left by an older version, without a stamp, is converted again
     out.with_name(out.name + ".source.json").unlink()
     assert convert(recipe="q4_k")
