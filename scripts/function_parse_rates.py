@@ -18,31 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clover_gguf.reference.generate import GenerationConfig, TorchBackend, generate  # noqa: E402
 from clover_gguf.reference.model import CloverModel  # noqa: E402
 from clover_gguf.tokenizer import CloverTokenizer  # noqa: E402
 from clover_gguf.train import quality as Q  # noqa: E402
-
-
-def sampled_parse_count(model, tok, prompts, seeds: int, temperature: float, top_p: float, n: int = 64) -> int:
-    c = model.config
-    hits = 0
-    for seed in range(seeds):
-        cfg = GenerationConfig(
-            max_new_tokens=n,
-            block_size=16,
-            steps=16,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            mask_token_id=c.mask_token_id,
-            eos_token_id=c.eos_token_id,
-        )
-        for p in prompts:
-            res = generate(TorchBackend(model), tok.encode(p), cfg)
-            body = Q.function_body(tok.decode(list(res.tokens)), len(res.tokens) < n)
-            hits += Q.body_parses(p, body)
-    return hits
 
 
 def main(argv=None) -> int:
@@ -64,7 +42,8 @@ def main(argv=None) -> int:
             r = Q.function_completions(model, tok, prompts, max_new_tokens=n)
             print(f"{d}: greedy, {n} tokens: {r['n_parse']}/{r['n_prompts']} parse", flush=True)
         if a.seeds:
-            hits = sampled_parse_count(model, tok, prompts, a.seeds, a.temperature, a.top_p)
+            kw = dict(max_new_tokens=64, temperature=a.temperature, top_p=a.top_p)
+            hits = sum(Q.function_completions(model, tok, prompts, seed=s, **kw)["n_parse"] for s in range(a.seeds))
             print(
                 f"{d}: sampled (T={a.temperature}, top-p {a.top_p}, {a.seeds} seeds, 64 tokens): "
                 f"{hits}/{a.seeds * len(prompts)} parse ({time.time() - t0:.0f} s)",

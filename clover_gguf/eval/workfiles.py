@@ -4,6 +4,7 @@ must not be scored through a stale quantization."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ def _fingerprint(path: Path) -> list:
     return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
 
+@functools.cache
 def _converter_hash() -> str:
     """The converter's own source: a fix to it must not leave files made by the old one."""
     h = hashlib.sha256()

@@ -117,8 +117,18 @@ def body_parses(prompt: str, body: str) -> bool:
     return True
 
 
-def function_completions(model, tok, prompts: list[str], max_new_tokens: int = 64, block_size: int = 16) -> dict:
-    """Greedy completions with the PyTorch reference (`steps` = B, one token per step)."""
+def function_completions(
+    model,
+    tok,
+    prompts: list[str],
+    max_new_tokens: int = 64,
+    block_size: int = 16,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> dict:
+    """Completions with the PyTorch reference (`steps` = B, one token per step): greedy, the
+    issue's figure, unless a temperature is given."""
     from ..reference.generate import GenerationConfig, TorchBackend, generate
 
     c = model.config
@@ -126,7 +136,9 @@ def function_completions(model, tok, prompts: list[str], max_new_tokens: int = 6
         max_new_tokens=max_new_tokens,
         block_size=block_size,
         steps=block_size,
-        temperature=0.0,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
         mask_token_id=c.mask_token_id,
         eos_token_id=c.eos_token_id,
     )
@@ -138,8 +150,9 @@ def function_completions(model, tok, prompts: list[str], max_new_tokens: int = 6
         body = function_body(text, finished)
         rows.append({"prompt": p, "completion": text, "body": body, "parses": body_parses(p, body)})
     n = sum(r["parses"] for r in rows)
+    decoding = "greedy" if temperature == 0 else f"T={temperature}, top-p {top_p}, seed {seed}"
     return {
-        "settings": f"greedy, B={block_size}, steps={block_size}, max_new_tokens={max_new_tokens}",
+        "settings": f"{decoding}, B={block_size}, steps={block_size}, max_new_tokens={max_new_tokens}",
         "n_prompts": len(rows),
         "n_parse": n,
         "fraction": n / max(len(rows), 1),
