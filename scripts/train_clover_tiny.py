@@ -79,6 +79,13 @@ def parse_args(argv=None):
         default=1,
         help="torch threads; 1 is fastest on the shared 2-core box (2 threads: OpenMP barrier stalls)",
     )
+    ap.add_argument(
+        "--docstrings",
+        default="full",
+        choices=["full", "summary"],
+        help="train on the files as they are, or with docstrings cut to their first paragraph "
+        "(data.summary_docstrings); evaluation always uses the files as they are",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (untested there)")
     ap.add_argument("--layers", type=int, default=None)
@@ -203,6 +210,7 @@ def load_data(a, c):
         if v is not None and getattr(c, k) != v:
             raise SystemExit(f"tokenizer {k} = {v}, config says {getattr(c, k)}")
     train_ids = data.train_tokens(tok, a.cache_dir)
+    stream_ids = train_ids if a.docstrings == "full" else data.train_tokens(tok, a.cache_dir, a.docstrings)
     held_ids = data.heldout_tokens(tok, a.cache_dir)
     m = data.load_heldout_manifest(check=False)
     info = {
@@ -212,8 +220,10 @@ def load_data(a, c):
         "train_tokens": int(train_ids.size),
         "heldout_tokens": int(held_ids.size),
         "python_version": data.python_version(),
+        "docstrings": a.docstrings,
+        "stream_tokens": int(stream_ids.size),
     }
-    return tok, train_ids, held_ids, info
+    return tok, train_ids, stream_ids, held_ids, info
 
 
 def plot_loss(log: dict, path: Path) -> None:
@@ -361,6 +371,25 @@ def quality_section(fin: dict) -> list[str]:
     return lines
 
 
+def docstrings_note(log: dict) -> list[str]:
+    """Which parts of the run trained on docstrings cut to their first paragraph."""
+    runs = log.get("runs", [])
+    cut = [i for i, r in enumerate(runs) if "--docstrings summary" in (r.get("command") or "")]
+    if not cut:
+        return []
+    d = log.get("data", {})
+    parts = ", ".join(str(i + 1) for i in cut)
+    return [
+        f"Part{'s' if len(cut) > 1 else ''} {parts} of the run (from step {runs[cut[0]]['step']:,}) trained on the "
+        "same files with every docstring longer than its first paragraph cut to that paragraph (`--docstrings "
+        "summary`, `clover_gguf/train/data.py:summary_docstrings`; the stream is "
+        f"{d.get('stream_tokens', 0):,} tokens instead of {d.get('train_tokens', 0):,}): the stdlib's long "
+        "docstrings had taught the model to open a docstring after a signature and not close it. Every "
+        "evaluation (held-out, third-party, the unigram baselines) uses the files as they are.",
+        "",
+    ]
+
+
 def write_model_card(out: Path, log: dict) -> Path:
     """models/clover-tiny/README.md from train_log.json (re-run with --card-only)."""
     c = log["model_config"]
@@ -437,6 +466,7 @@ def write_model_card(out: Path, log: dict) -> Path:
         "",
         "Token streams have `<|endoftext|>` between files.",
         "",
+        *docstrings_note(log),
         "## Training",
         "",
         "Block-diffusion NELBO (spec section 6, `clover_gguf/train/trainer.py`): windows of the train stream; per sequence "
@@ -516,7 +546,7 @@ def main(argv=None) -> int:
         log_print(f"wrote {write_model_card(out, log)}")
         return 0
     c = model_config(a)
-    tok, train_ids, held_ids, info = load_data(a, c)
+    tok, train_ids, stream_ids, held_ids, info = load_data(a, c)
     log_print(
         f"data: {info['train_tokens']} train tokens ({info['train_files']} files), "
         f"{info['heldout_tokens']} held-out tokens ({info['heldout_files']} files)"
@@ -529,7 +559,7 @@ def main(argv=None) -> int:
         tc = train_config(a)
         model = T.new_model(c, a.seed)
         log_print(f"model: {sum(p.numel() for p in model.parameters())} parameters; {c.to_dict()}")
-        stream = torch.from_numpy(train_ids.astype(np.int64))
+        stream = torch.from_numpy(stream_ids.astype(np.int64))
         if a.resume and not (Path(a.resume).is_file() or (Path(a.resume) / "train_log.json").is_file()):
             raise SystemExit(f"--resume {a.resume}: neither a checkpoint nor a model folder with train_log.json")
         command = "python scripts/train_clover_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv)

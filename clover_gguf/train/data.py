@@ -17,11 +17,14 @@ manifest against the installed stdlib and raises :class:`CorpusError` naming wha
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
+import io
 import json
 import math
 import os
+import re
 import sys
 import sysconfig
 from collections.abc import Sequence
@@ -230,6 +233,62 @@ def read_corpus(files: Sequence[Path]) -> list[str]:
     return out
 
 
+# --- docstrings ------------------------------------------------------------------------
+
+_OPENER = re.compile(r"[rRuU]?(\"\"\"|\'\'\')")
+
+
+def summary_docstrings(text: str) -> tuple[str, int]:
+    """`text` with every docstring longer than its first paragraph cut to that paragraph
+    (PEP 257's summary), and the number cut. The source lines of the paragraph are kept as
+    they are and the docstring's own quotes close it. Used on the training text only: the
+    stdlib's long docstrings taught the model to open a docstring after a signature and not
+    close it within 64 tokens. A docstring whose cut would not parse stays whole; text that
+    does not parse comes back unchanged."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return text, 0
+    lines = io.StringIO(text, newline="").readlines()  # split where ast counts lines (not at \f)
+    cuts = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+            continue
+        s = node.body[0]
+        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)):
+            continue
+        first, last = s.lineno - 1, s.end_lineno - 1
+        head = lines[first].encode()
+        lead, lit = head[: s.col_offset].decode(), head[s.col_offset :].decode()
+        m = _OPENER.match(lit)
+        if first == last or lead.strip() or not m:
+            continue
+        i = first + 1
+        if not lit[m.end() :].strip():  # the summary starts on a later line
+            while i < last and not lines[i].strip():
+                i += 1
+            i += 1
+        while i < last and lines[i].strip():
+            i += 1
+        if i >= last:  # the first paragraph reaches the closing quotes: nothing to cut
+            continue
+        body = "".join(lines[first:i]).rstrip("\n")
+        if body.endswith(("\\", m.group(1)[0])):
+            continue
+        tail = lines[last].encode()[s.end_col_offset :].decode()
+        cuts.append((first, last, body + m.group(1) + tail))
+    if not cuts:
+        return text, 0
+    for first, last, new in sorted(cuts, reverse=True):
+        lines[first : last + 1] = [new]
+    out = "".join(lines)
+    try:
+        ast.parse(out)
+    except (SyntaxError, ValueError):
+        return text, 0
+    return out, len(cuts)
+
+
 # --- token streams ---------------------------------------------------------------------
 
 
@@ -242,10 +301,13 @@ def _stream_key(tokenizer, files: Sequence[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def encode_files(tokenizer, files: Sequence[Path], cache_dir: Path | None = None, name: str = "corpus") -> np.ndarray:
-    """Token stream of ``files`` as int32: each file encoded on its own, ``<|endoftext|>``
-    (tokenizer.eos_id) between consecutive files. With ``cache_dir`` the array is cached as
-    ``{cache_dir}/{name}-{key}.npy``, key = hash(tokenizer.json, paths, sizes)."""
+def encode_files(
+    tokenizer, files: Sequence[Path], cache_dir: Path | None = None, name: str = "corpus", transform=None
+) -> np.ndarray:
+    """Token stream of ``files`` as int32: each file encoded on its own (after ``transform``,
+    text -> text, if given), ``<|endoftext|>`` (tokenizer.eos_id) between consecutive files.
+    With ``cache_dir`` the array is cached as ``{cache_dir}/{name}-{key}.npy``, key =
+    hash(tokenizer.json, paths, sizes); ``name`` must tell transforms apart."""
     path = None
     if cache_dir is not None:
         cache_dir = Path(cache_dir)
@@ -253,6 +315,8 @@ def encode_files(tokenizer, files: Sequence[Path], cache_dir: Path | None = None
         if path.is_file():
             return np.load(path)
     texts = read_corpus(files)
+    if transform is not None:
+        texts = [transform(t) for t in texts]
     parts: list[np.ndarray] = []
     sep = np.array([tokenizer.eos_id], dtype=np.int32)
     for i, ids in enumerate(tokenizer.encode_batch(texts)):
@@ -268,8 +332,16 @@ def encode_files(tokenizer, files: Sequence[Path], cache_dir: Path | None = None
     return arr
 
 
-def train_tokens(tokenizer, cache_dir: Path | None = None) -> np.ndarray:
-    return encode_files(tokenizer, train_files(), cache_dir, "train")
+DOCSTRINGS = ("full", "summary")
+
+
+def train_tokens(tokenizer, cache_dir: Path | None = None, docstrings: str = "full") -> np.ndarray:
+    """The train split's stream; ``docstrings="summary"``: with summary_docstrings applied."""
+    if docstrings == "full":
+        return encode_files(tokenizer, train_files(), cache_dir, "train")
+    if docstrings != "summary":
+        raise ValueError(f"docstrings: {docstrings!r}, expected one of {DOCSTRINGS}")
+    return encode_files(tokenizer, train_files(), cache_dir, "train-summary", lambda t: summary_docstrings(t)[0])
 
 
 def heldout_tokens(tokenizer, cache_dir: Path | None = None) -> np.ndarray:
