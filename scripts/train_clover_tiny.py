@@ -12,6 +12,8 @@ evaluate it on the held-out modules. The logic lives in clover_gguf/train/ (trai
         --resume out/clover-tiny-train/ckpt-last.pt                   # ... until the token budget is reached
     python scripts/train_clover_tiny.py --resume models/clover-tiny --time-budget-min 240  # checkpoint lost:
                                                   # warm restart from the saved model (new optimizer state)
+    python scripts/train_clover_tiny.py --resume models/clover-tiny --docstrings summary --time-budget-min 365
+                                                  # ... trained on with docstrings cut to their first paragraph
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -34,6 +37,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from clover_gguf.config import preset  # noqa: E402
+from clover_gguf.train import data  # noqa: E402
 from clover_gguf.train import trainer as T  # noqa: E402
 
 
@@ -82,7 +86,7 @@ def parse_args(argv=None):
     ap.add_argument(
         "--docstrings",
         default="full",
-        choices=["full", "summary"],
+        choices=data.DOCSTRINGS,
         help="train on the files as they are, or with docstrings cut to their first paragraph "
         "(data.summary_docstrings); evaluation always uses the files as they are",
     )
@@ -195,7 +199,6 @@ def stopper(a):
 
 def load_data(a, c):
     from clover_gguf.tokenizer import CloverTokenizer
-    from clover_gguf.train import data
 
     tok = CloverTokenizer.from_dir(a.out)
     if tok.vocab_size != c.vocab_size:
@@ -292,7 +295,7 @@ def compact_log(log: dict, max_points: int = 600) -> dict:
 def final_eval(a, tok, train_ids, held_ids, info) -> dict:
     """The issue-13 quality targets on the saved BF16 weights (computed in float32)."""
     from clover_gguf.reference.model import CloverModel
-    from clover_gguf.train import data, quality
+    from clover_gguf.train import quality
 
     torch.set_num_threads(a.threads)
     model = CloverModel.from_pretrained(a.out, dtype=torch.float32)
@@ -374,7 +377,7 @@ def quality_section(fin: dict) -> list[str]:
 def docstrings_note(log: dict) -> list[str]:
     """Which parts of the run trained on docstrings cut to their first paragraph."""
     runs = log.get("runs", [])
-    cut = [i for i, r in enumerate(runs) if "--docstrings summary" in (r.get("command") or "")]
+    cut = [i for i, r in enumerate(runs) if re.search(r"--docstrings[= ]summary\b", r.get("command") or "")]
     if not cut:
         return []
     d = log.get("data", {})

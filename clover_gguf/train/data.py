@@ -236,6 +236,7 @@ def read_corpus(files: Sequence[Path]) -> list[str]:
 # --- docstrings ------------------------------------------------------------------------
 
 _OPENER = re.compile(r"[rRuU]?(\"\"\"|\'\'\')")
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)  # what ast.get_docstring takes
 
 
 def summary_docstrings(text: str) -> tuple[str, int]:
@@ -243,8 +244,8 @@ def summary_docstrings(text: str) -> tuple[str, int]:
     (PEP 257's summary), and the number cut. The source lines of the paragraph are kept as
     they are and the docstring's own quotes close it. Used on the training text only: the
     stdlib's long docstrings taught the model to open a docstring after a signature and not
-    close it within 64 tokens. A docstring whose cut would not parse stays whole; text that
-    does not parse comes back unchanged."""
+    close it within 64 tokens. A docstring whose summary ends in a backslash or a quote stays
+    whole; text that does not parse, before or after the cuts, comes back unchanged."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
@@ -252,11 +253,9 @@ def summary_docstrings(text: str) -> tuple[str, int]:
     lines = io.StringIO(text, newline="").readlines()  # split where ast counts lines (not at \f)
     cuts = []
     for node in ast.walk(tree):
-        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+        if not isinstance(node, _DOCUMENTED) or ast.get_docstring(node, clean=False) is None:
             continue
         s = node.body[0]
-        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)):
-            continue
         first, last = s.lineno - 1, s.end_lineno - 1
         head = lines[first].encode()
         lead, lit = head[: s.col_offset].decode(), head[s.col_offset :].decode()
