@@ -206,7 +206,7 @@ PRESETS: dict[str, dict] = {
         tie_word_embeddings=False,
     ),
     "clover-tiny": dict(
-        vocab_size=4096,
+        vocab_size=4100,
         hidden_size=256,
         num_hidden_layers=4,
         num_attention_heads=4,

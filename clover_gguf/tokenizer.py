@@ -14,6 +14,7 @@ tokens and a thinking-mode chat template):
 - Specials at fixed ids 0-5. ``<|endoftext|>``, ``<|mask|>``, ``<|im_start|>``, ``<|im_end|>``
   are special added tokens (GGUF CONTROL); ``<think>``/``</think>`` are non-special added
   tokens (GGUF USER_DEFINED), as in Qwen3, so decode keeps them.
+- The tool-call tokens (spec section 5) follow the BPE (ids 4096-4099), USER_DEFINED too.
 - bos = eos = pad = ``<|endoftext|>`` (0), mask = ``<|mask|>`` (1); no BOS is added on encode.
 """
 
@@ -45,24 +46,58 @@ EOT, MASK, IM_START, IM_END, THINK, END_THINK = (
 )
 SPECIAL_TOKENS = [EOT, MASK, IM_START, IM_END, THINK, END_THINK]  # ids 0..5
 CONTROL_TOKENS = frozenset({EOT, MASK, IM_START, IM_END})  # special=True
-DEFAULT_VOCAB_SIZE = 4096
 MODEL_MAX_LENGTH = 8192
 
 # gguf.TokenType values (gguf-py constants)
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
 
-# Qwen3-style ChatML template with a thinking mode. enable_thinking=false (explicitly) puts an
-# empty think block after the generation prompt, so the model answers directly. Assistant
-# turns after the last user message keep their reasoning (``reasoning_content`` or a
-# <think>...</think> prefix of the content); earlier ones are rendered without it.
+# Tool-call tokens (spec section 5), appended after the BPE vocabulary (ids V_bpe .. V_bpe+3).
+# Non-special added tokens (GGUF USER_DEFINED) as in Qwen3, so that decoding keeps them and the
+# server can parse the calls out of the text.
+TOOL_CALL, END_TOOL_CALL, TOOL_RESPONSE, END_TOOL_RESPONSE = (
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
+TOOL_TOKENS = [TOOL_CALL, END_TOOL_CALL, TOOL_RESPONSE, END_TOOL_RESPONSE]
+BPE_VOCAB_SIZE = 4096  # the trained byte-level BPE, its 6 special tokens included
+DEFAULT_VOCAB_SIZE = BPE_VOCAB_SIZE + len(TOOL_TOKENS)
+
+# Qwen3-style ChatML template with a thinking mode and tools (spec section 5).
+# - enable_thinking=false (explicitly) puts an empty think block after the generation prompt, so
+#   the model answers directly. Assistant turns after the last user message keep their reasoning
+#   (``reasoning_content`` or a <think>...</think> prefix of the content); earlier ones are
+#   rendered without it.
+# - With `tools`, the system turn ends with a <tools> section (one JSON signature per line) and
+#   the instruction to answer a call as <tool_call>{"name", "arguments"}</tool_call>.
+# - An assistant turn's `tool_calls` follow its content, one <tool_call> section each, in exactly
+#   the form a call is generated in (arguments given as a string are copied verbatim), so a
+#   reply parsed into tool_calls renders back to the same tokens.
+# - `tool` messages go into one user turn per run of them, each as <tool_response>.
 CHAT_TEMPLATE = (
     "{%- set ns = namespace(last_query_index=-1) %}\n"
     "{%- for message in messages %}\n"
     "    {%- if message['role'] == 'user' %}{%- set ns.last_query_index = loop.index0 %}{%- endif %}\n"
     "{%- endfor %}\n"
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages and messages[0]['role'] == 'system' and messages[0]['content'] is string %}\n"
+    "        {{- messages[0]['content'] + '\\n\\n' }}\n"
+    "    {%- endif %}\n"
+    "    {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}\n"
+    "    {%- for tool in tools %}\n"
+    "        {{- '\\n' + (tool | tojson) }}\n"
+    "    {%- endfor %}\n"
+    "    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}\n"
+    "{%- endif %}\n"
     "{%- for message in messages %}\n"
     "    {%- set content = message['content'] if message['content'] is string else '' %}\n"
-    "    {%- if message['role'] == 'assistant' %}\n"
+    "    {%- if message['role'] == 'system' and loop.first and tools %}\n"
+    "    {%- elif message['role'] == 'assistant' %}\n"
     "        {%- set reasoning_content = '' %}\n"
     "        {%- if message['reasoning_content'] is string %}\n"
     "            {%- set reasoning_content = message['reasoning_content'] %}\n"
@@ -71,10 +106,25 @@ CHAT_TEMPLATE = (
     "            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}\n"
     "        {%- endif %}\n"
     "        {%- if loop.index0 > ns.last_query_index and reasoning_content %}\n"
-    "            {{- '<|im_start|>assistant\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') + '<|im_end|>\\n' }}\n"
+    "            {{- '<|im_start|>assistant\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}\n"
     "        {%- else %}\n"
-    "            {{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}\n"
+    "            {{- '<|im_start|>assistant\\n' + content }}\n"
     "        {%- endif %}\n"
+    "        {%- if message['tool_calls'] %}\n"
+    "            {%- for tool_call in message['tool_calls'] %}\n"
+    "                {%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}\n"
+    "                {%- if tool_call['function'] %}{%- set tool_call = tool_call['function'] %}{%- endif %}\n"
+    "                {{- '<tool_call>\\n{\"name\": \"' + tool_call['name'] + '\", \"arguments\": ' }}\n"
+    "                {%- if tool_call['arguments'] is string %}{{- tool_call['arguments'] }}\n"
+    "                {%- else %}{{- tool_call['arguments'] | tojson }}{%- endif %}\n"
+    "                {{- '}\\n</tool_call>' }}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    "    {%- elif message['role'] == 'tool' %}\n"
+    "        {%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}\n"
+    "        {%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}\n"
     "    {%- else %}\n"
     "        {{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}\n"
     "    {%- endif %}\n"
@@ -108,7 +158,10 @@ def _bpe_pipeline() -> Tokenizer:
     return tok
 
 
-def tokenizer_config(model_max_length: int = MODEL_MAX_LENGTH) -> dict:
+def tokenizer_config(n_bpe: int = BPE_VOCAB_SIZE, model_max_length: int = MODEL_MAX_LENGTH) -> dict:
+    """tokenizer_config.json for a BPE of n_bpe tokens (ids 0..5 the specials) followed by the
+    tool tokens."""
+    added = list(enumerate(SPECIAL_TOKENS)) + [(n_bpe + j, t) for j, t in enumerate(TOOL_TOKENS)]
     return {
         "add_bos_token": False,
         "add_eos_token": False,
@@ -122,7 +175,7 @@ def tokenizer_config(model_max_length: int = MODEL_MAX_LENGTH) -> dict:
                 "single_word": False,
                 "special": t in CONTROL_TOKENS,
             }
-            for i, t in enumerate(SPECIAL_TOKENS)
+            for i, t in added
         },
         "additional_special_tokens": [IM_START, IM_END],
         "bos_token": EOT,
@@ -139,16 +192,45 @@ def tokenizer_config(model_max_length: int = MODEL_MAX_LENGTH) -> dict:
     }
 
 
+def _add_tool_tokens(tok: Tokenizer) -> None:
+    n = tok.get_vocab_size(with_added_tokens=True)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    for j, t in enumerate(TOOL_TOKENS):
+        if tok.token_to_id(t) != n + j:
+            raise TokenizerError(f"tool token {t} got id {tok.token_to_id(t)}, expected {n + j}")
+
+
+def save_tokenizer(tok: Tokenizer, out_dir: str | Path, n_bpe: int) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(n_bpe), indent=2) + "\n")
+
+
+def add_tool_tokens(src_dir: str | Path, out_dir: str | Path) -> CloverTokenizer:
+    """A tokenizer without the tool tokens (clover-tiny v2) with them appended, and this
+    module's chat template: the BPE and every existing id are unchanged."""
+    src = CloverTokenizer.from_dir(src_dir)
+    if src.token_to_id(TOOL_CALL) is not None:
+        raise TokenizerError(f"{src_dir} already has the tool tokens")
+    tok = Tokenizer.from_str(src._json.decode())
+    n_bpe = tok.get_vocab_size(with_added_tokens=True)
+    _add_tool_tokens(tok)
+    save_tokenizer(tok, out_dir, n_bpe)
+    return CloverTokenizer.from_dir(out_dir)
+
+
 def train_tokenizer(
     out_dir: str | Path,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    vocab_size: int = BPE_VOCAB_SIZE,
     texts: Iterable[str] | None = None,
     min_frequency: int = 2,
     verbose: bool = True,
 ) -> CloverTokenizer:
     """Train the byte-level BPE on the TRAIN split (clover_gguf.data.train_files()) unless
     ``texts`` is given; write tokenizer.json + tokenizer_config.json to ``out_dir``.
-    ``vocab_size`` counts the 6 special tokens and the 256 byte symbols."""
+    ``vocab_size`` is the BPE's, counting the 6 special tokens and the 256 byte symbols; the 4
+    tool tokens follow it."""
     if texts is None:
         from .train.data import read_corpus, train_files
 
@@ -176,10 +258,9 @@ def train_tokenizer(
             f"trained vocab has {tok.get_vocab_size(with_added_tokens=True)} "
             f"tokens, asked for {vocab_size} (corpus too small?)"
         )
+    _add_tool_tokens(tok)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n")
+    save_tokenizer(tok, out, vocab_size)
     if verbose:
         print(
             f"trained BPE vocab={vocab_size} on {len(texts)} texts "

@@ -18,14 +18,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from clover_gguf.tokenizer import DEFAULT_VOCAB_SIZE, CloverTokenizer, train_tokenizer  # noqa: E402
+from clover_gguf.tokenizer import BPE_VOCAB_SIZE, CloverTokenizer, train_tokenizer  # noqa: E402
 from clover_gguf.train import data  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "models" / "clover-tiny"))
-    ap.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
+    ap.add_argument("--vocab-size", type=int, default=BPE_VOCAB_SIZE, help="BPE size (the 4 tool tokens follow)")
     ap.add_argument(
         "--write-manifest", action="store_true", help="rewrite evaldata/heldout-stdlib.json from the installed stdlib"
     )

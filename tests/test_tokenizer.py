@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 
 from clover_gguf.tokenizer import (
+    BPE_VOCAB_SIZE,
     CHAT_TEMPLATE,
     DEFAULT_VOCAB_SIZE,
     SPECIAL_TOKENS,
+    TOOL_TOKENS,
     TOKEN_CONTROL,
     TOKEN_NORMAL,
     TOKEN_USER_DEFINED,
@@ -52,15 +54,20 @@ def manifest(tmp_path_factory):
 
 @needs_tok
 def test_special_ids_fixed(tok):
-    assert tok.vocab_size == DEFAULT_VOCAB_SIZE == 4096
+    assert tok.vocab_size == DEFAULT_VOCAB_SIZE == BPE_VOCAB_SIZE + 4 == 4100
     for i, t in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(t) == i
         assert tok.encode(t) == [i]
+    for j, t in enumerate(TOOL_TOKENS):
+        assert tok.token_to_id(t) == BPE_VOCAB_SIZE + j
+        assert tok.encode(f"x{t}\n") == [tok.token_to_id("x"), BPE_VOCAB_SIZE + j, tok.token_to_id("Ċ")]
+        assert tok.decode([BPE_VOCAB_SIZE + j]) == t
     assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.mask_id) == (0, 0, 0, 1)
     cfg = json.loads((TOK_DIR / "tokenizer_config.json").read_text())
     assert cfg["chat_template"] == CHAT_TEMPLATE
     assert cfg["mask_token"] == "<|mask|>" and cfg["eos_token"] == "<|endoftext|>"
     assert [cfg["added_tokens_decoder"][str(i)]["content"] for i in range(6)] == SPECIAL_TOKENS
+    assert [cfg["added_tokens_decoder"][str(BPE_VOCAB_SIZE + j)]["content"] for j in range(4)] == TOOL_TOKENS
 
 
 @needs_tok
@@ -110,8 +117,9 @@ def test_gguf_vocab(tok):
     v = tok.to_gguf_vocab()
     assert len(v.tokens) == len(v.token_types) == tok.vocab_size
     assert v.token_types[:6] == [TOKEN_CONTROL] * 4 + [TOKEN_USER_DEFINED] * 2
-    assert set(v.token_types[6:]) == {TOKEN_NORMAL}
-    assert len(v.merges) == tok.vocab_size - 6 - 256
+    assert set(v.token_types[6:BPE_VOCAB_SIZE]) == {TOKEN_NORMAL}
+    assert v.token_types[BPE_VOCAB_SIZE:] == [TOKEN_USER_DEFINED] * 4
+    assert len(v.merges) == BPE_VOCAB_SIZE - 6 - 256
     assert all(len(m.split(" ")) == 2 for m in v.merges)
     assert (v.bos_id, v.eos_id, v.pad_id, v.mask_id, v.pre, v.model) == (0, 0, 0, 1, "qwen2", "gpt2")
     import gguf

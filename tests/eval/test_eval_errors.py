@@ -140,11 +140,11 @@ def test_gguf_of_another_model_is_refused(tmp_path):
 
     other = tmp_path / "tiny.gguf"
     convert(TINY, other, recipe="bf16", progress=False)
-    with pytest.raises(QualityError, match="vocab_size is 4096, the reference's is 97"):
+    with pytest.raises(QualityError, match="vocab_size is 4100, the reference's is 97"):
         check_matches_reference(other, RC, CloverConfig.load(RC))
     _one_line(
         _invoke("eval", "quality", "--reference", str(RC), str(other), "--out", str(tmp_path / "o")),
-        "vocab_size is 4096, the reference's is 97",
+        "vocab_size is 4100, the reference's is 97",
     )
 
 
