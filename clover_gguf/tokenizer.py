@@ -91,7 +91,7 @@ CHAT_TEMPLATE = (
     "        {{- '\\n' + (tool | tojson) }}\n"
     "    {%- endfor %}\n"
     "    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}\n"
     "{%- endif %}\n"
     "{%- for message in messages %}\n"

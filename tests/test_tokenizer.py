@@ -22,10 +22,10 @@ from clover_gguf.tokenizer import (
     CHAT_TEMPLATE,
     DEFAULT_VOCAB_SIZE,
     SPECIAL_TOKENS,
-    TOOL_TOKENS,
     TOKEN_CONTROL,
     TOKEN_NORMAL,
     TOKEN_USER_DEFINED,
+    TOOL_TOKENS,
     CloverTokenizer,
 )
 from clover_gguf.train import data
