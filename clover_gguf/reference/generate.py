@@ -53,6 +53,14 @@ class GenerationConfig:
     seed: int = 0
     mask_token_id: int = 1
     eos_token_id: int | None = None
+    # runtime only (clover.h): a GBNF grammar (rule `root`) the output must match, decoded left
+    # to right (docs/CONTRACTS.md), from the first of `grammar_triggers` (token ids) on if given
+    # (llama.cpp's lazy grammar); the most probable tokens to report per position; the first
+    # block's tokens, the runtime's mask token where a position is generated (infill)
+    grammar: str | None = None
+    grammar_triggers: list[int] | None = None
+    n_probs: int = 0
+    first_block: list[int] | None = None
 
     def validate(self):
         import math
@@ -74,6 +82,8 @@ class GenerationConfig:
             raise ValueError(f"top_p {self.top_p}: must be a finite number in (0, 1]")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens {self.max_new_tokens}: must be >= 0")
+        if not 0 <= self.n_probs <= 64:
+            raise ValueError(f"n_probs {self.n_probs}: must be an integer in [0, 64]")
 
 
 @dataclass
@@ -83,6 +93,10 @@ class BlockStats:
     steps: int
     tokens_per_step: list[int] = field(default_factory=list)
     ms_per_step: list[float] = field(default_factory=list)
+    # each position's probability at the step that unmasked it, and (n_probs) its row's most
+    # probable (token, probability) pairs then (runtime only)
+    probs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -156,6 +170,8 @@ def generate(
     """Prefill, then blocks of cfg.block_size until max_new_tokens or a block holding EOS.
     `on_block(tokens, stats)` is called after each block; returning False stops."""
     cfg.validate()
+    if cfg.grammar is not None or cfg.n_probs or cfg.first_block is not None:
+        raise ValueError("grammar, n_probs and first_block need the llama.cpp runtime (a .gguf model)")
     t_start = time.perf_counter()
     backend.prefill(list(prompt), cfg.block_size)
     prefill_ms = (time.perf_counter() - t_start) * 1e3

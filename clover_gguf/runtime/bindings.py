@@ -54,6 +54,10 @@ class clover_block_stats(ctypes.Structure):
         ("tokens_per_step", ctypes.POINTER(ctypes.c_int32)),
         ("ms_per_step", ctypes.POINTER(ctypes.c_float)),
         ("tokens", ctypes.POINTER(llama_token)),
+        ("probs", ctypes.POINTER(ctypes.c_float)),
+        ("n_top", ctypes.c_int32),
+        ("top_tokens", ctypes.POINTER(llama_token)),
+        ("top_probs", ctypes.POINTER(ctypes.c_float)),
     ]
 
 
@@ -68,6 +72,11 @@ clover_seq_block_cb = ctypes.CFUNCTYPE(
 clover_step_cb = ctypes.CFUNCTYPE(
     ctypes.c_bool, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(llama_token), ctypes.c_int32, ctypes.c_void_p
 )
+
+
+# clover.h's enum clover_status
+CLOVER_ERR_NONFINITE = -6
+CLOVER_MAX_TOP_PROBS = 64
 
 
 class clover_perf(ctypes.Structure):
@@ -149,6 +158,9 @@ class _Lib:
                 "clover_batch_step": ([vp, clover_seq_block_cb, vp], i32),
                 "clover_batch_remove": ([vp, i32], i32),
                 "clover_batch_tokens": ([vp, i32, tok_p, i32], i32),
+                "clover_batch_set_constraint": ([vp, i32, vp], i32),
+                "clover_batch_set_top_probs": ([vp, i32, i32], i32),
+                "clover_batch_set_block": ([vp, i32, tok_p, i32], i32),
                 "clover_step_key": ([u64, i32, i32], u64),
                 "clover_row_key": ([u64, i32], u64),
             }
@@ -265,6 +277,27 @@ def stderr_silenced(silence: bool = True):
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+@contextlib.contextmanager
+def stderr_captured():
+    """fd 2 into a buffer for the block (what C code prints with fprintf(stderr)); yields an
+    io.StringIO that holds it after the block."""
+    import io
+    import tempfile
+
+    buf = io.StringIO()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield buf
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            buf.write(tmp.read().decode("utf-8", "replace"))
 
 
 _LOG: LogCapture | None = None

@@ -36,6 +36,10 @@ class RuntimeLoadError(RuntimeError_):
     """llama.cpp refused the file; the message is one line naming the file and the reason."""
 
 
+class GrammarError(ValueError):
+    """llama.cpp's grammar parser refused a GenerationConfig.grammar; the message says why."""
+
+
 class CloverRuntime:
     """One model + one context with n_seq_max sequences (calls without `seq` use sequence 0).
     Not thread-safe."""
@@ -85,6 +89,7 @@ class CloverRuntime:
         self.mask_token_id = lc.llama_vocab_mask(self.vocab)
         eos = lc.llama_vocab_eos(self.vocab)
         self.eos_token_id = eos if eos >= 0 else None
+        self.eog = frozenset(t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t))
         self.n_threads = int(n_threads or default_threads())
         # clover.h: n_ubatch >= B (a multiple of B folds several prompt blocks per graph, and
         # n_seq_max * B lets one denoising graph hold every sequence), n_batch >= n_ubatch,
@@ -304,6 +309,51 @@ class CloverRuntime:
             raise RuntimeError_("llama_state_seq_set_data failed: a snapshot of another model or context?")
 
     # ---------------------------------------------------------------- generation
+    def grammar_sampler(self, grammar: str, triggers: list[int] | None = None) -> int:
+        """llama.cpp's grammar sampler for a GBNF grammar (root rule `root`) over this model's
+        vocabulary, lazy (it applies from the first trigger token on) when `triggers` are given;
+        the caller frees it (llama_sampler_free). GrammarError if it does not parse."""
+        lc = self._lib.lc
+        g = grammar.encode("utf-8")
+        self._log.mark()
+        # llama.cpp's grammar parser prints its reason to stderr, not to the log
+        with B.stderr_captured() as err:
+            if triggers:
+                toks = (B.llama_token * len(triggers))(*triggers)
+                smpl = lc.llama_sampler_init_grammar_lazy_patterns(self.vocab, g, b"root", None, 0, toks, len(toks))
+            else:
+                smpl = lc.llama_sampler_init_grammar(self.vocab, g, b"root")
+        if not smpl:
+            text = err.getvalue()
+            why = (
+                text.split("error parsing grammar: ", 1)[1].splitlines()[0]
+                if "error parsing grammar: " in text
+                else None
+            )
+            raise GrammarError(f"the grammar does not parse: {why or self._log.reason() or 'no reason given'}")
+        return smpl
+
+    def check_grammar(self, grammar: str, triggers: list[int] | None = None) -> None:
+        """GrammarError unless the grammar parses and (when not lazy) allows a first token."""
+        lc = self._lib.lc
+        smpl = self.grammar_sampler(grammar, triggers)
+        try:
+            if triggers:
+                return
+            n = self.n_vocab
+            data = (lc.llama_token_data * n)(*[lc.llama_token_data(t, 0.0, 0.0) for t in range(n)])
+            arr = lc.llama_token_data_array(data, n, -1, False)
+            lc.llama_sampler_apply(smpl, ctypes.byref(arr))
+            if not any(data[i].logit != float("-inf") for i in range(n) if data[i].id != self.mask_token_id):
+                raise GrammarError("the grammar matches no text: it allows no first token")
+        finally:
+            lc.llama_sampler_free(smpl)
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the one token `text` is (special tokens included), else None."""
+        ids = self.tokenize(text)
+        return ids[0] if len(ids) == 1 else None
+
     def gen_params(self, cfg: GenerationConfig) -> B.clover_gen_params:
         p = self._lib.clover_gen_default_params()
         p.block_size = int(cfg.block_size)
@@ -362,21 +412,29 @@ class CloverRuntime:
             try:
                 s = stats_p.contents
                 k = s.n_steps
+                L, m = s.n_tokens, s.n_top
                 st = BlockStats(
                     index=s.block_index,
-                    n_tokens=s.n_tokens,
+                    n_tokens=L,
                     steps=k,
                     tokens_per_step=[int(s.tokens_per_step[i]) for i in range(k)],
                     ms_per_step=[float(s.ms_per_step[i]) for i in range(k)],
+                    probs=[float(s.probs[i]) for i in range(L)],
+                    top=[
+                        [(int(s.top_tokens[i * m + j]), float(s.top_probs[i * m + j])) for j in range(m)]
+                        for i in range(L if m else 0)
+                    ],
                 )
                 q = seqs[seq_id]
                 q["blocks"].append(st)
                 toks = [int(s.tokens[i]) for i in range(s.n_tokens)]
                 go_on = True if on_block is None else on_block(seq_id, toks, st) is not False
                 q["n_gen"] += s.n_tokens
-                # the C side ends a sequence after a block with EOS, a callback that returns
-                # False, or max_new_tokens generated; mirrored here to report it at once
-                if not go_on or self.eos_token_id in toks or q["n_gen"] >= q["n_max"]:
+                # the C side ends a sequence after a block with EOS (a constrained one: any
+                # end-of-generation token), a callback that returns False, or max_new_tokens
+                # generated; mirrored here to report it at once
+                ends = self.eog if q["grammar"] else {self.eos_token_id}
+                if not go_on or not ends.isdisjoint(toks) or q["n_gen"] >= q["n_max"]:
                     ended.append(seq_id)
                 return go_on
             except BaseException as e:  # never let an exception cross the C frame
@@ -392,19 +450,41 @@ class CloverRuntime:
             c.validate()
             if c.block_size > self.n_ubatch:
                 raise ValueError(f"block_size {c.block_size} > n_ubatch {self.n_ubatch}")
+            grammar = self.grammar_sampler(c.grammar, c.grammar_triggers) if c.grammar is not None else None
             toks = [int(t) for t in prompt]
             tp = time.perf_counter()
-            self._check(
-                lib.clover_batch_add(batch, self._seq(seq), B.token_ptr(toks), len(toks), self.gen_params(c), keep),
-                "clover_batch_add",
-            )
-            seqs[seq] = dict(blocks=[], n_gen=0, n_max=c.max_new_tokens, n_prompt=len(toks), t0=tp)
+            try:
+                self._check(
+                    lib.clover_batch_add(batch, self._seq(seq), B.token_ptr(toks), len(toks), self.gen_params(c), keep),
+                    "clover_batch_add",
+                )
+            except BaseException:
+                if grammar:
+                    self._lib.lc.llama_sampler_free(grammar)
+                raise
+            seqs[seq] = dict(blocks=[], n_gen=0, n_max=c.max_new_tokens, n_prompt=len(toks), t0=tp, grammar=grammar)
             seqs[seq]["prefill_ms"] = (time.perf_counter() - tp) * 1e3
             if c.max_new_tokens == 0:  # as the reference: no block (clover.h's 0 means no limit)
                 lib.clover_batch_remove(batch, seq)
                 ended.append(seq)
+                return
+            if grammar:
+                self._check(lib.clover_batch_set_constraint(batch, seq, grammar), "clover_batch_set_constraint")
+            if c.n_probs:
+                self._check(lib.clover_batch_set_top_probs(batch, seq, c.n_probs), "clover_batch_set_top_probs")
+            if c.first_block is not None:
+                fb = [int(t) for t in c.first_block]
+                if fb:
+                    self._check(
+                        lib.clover_batch_set_block(batch, seq, B.token_ptr(fb), len(fb)), "clover_batch_set_block"
+                    )
+                seqs[seq]["n_max"] = max(c.max_new_tokens, len(fb))
 
         def result(i: int) -> GenerationResult:
+            g = seqs[i]["grammar"]
+            seqs[i]["grammar"] = None
+            if g:
+                self._lib.lc.llama_sampler_free(g)
             k = self._check(lib.clover_batch_tokens(batch, i, None, 0), "clover_batch_tokens")
             out = (B.llama_token * max(1, k))()
             lib.clover_batch_tokens(batch, i, out, k)
@@ -449,6 +529,10 @@ class CloverRuntime:
                     break
         finally:
             lib.clover_batch_free(batch)
+            for q in seqs.values():
+                if q["grammar"]:
+                    self._lib.lc.llama_sampler_free(q["grammar"])
+                    q["grammar"] = None
         self.last_perf = self.perf()
         return [first[i] for i in range(n)]
 

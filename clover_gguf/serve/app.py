@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..reference.generate import GenerationConfig
 from .engine import Engine, Job
-from .text import ReasoningSplitter, split_reasoning
+from .tools import ChatDeltas, FieldError, chat_message, parse_tool_calls, request_constraint
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_STOP = 16
@@ -244,6 +244,12 @@ def parse_messages(body: dict) -> list[dict]:
         msg = {"role": "system" if role == "developer" else role, "content": c}
         if isinstance(m.get("reasoning_content"), str):
             msg["reasoning_content"] = m["reasoning_content"]
+        if role == "assistant" and m.get("tool_calls") is not None:
+            msg["tool_calls"] = parse_tool_calls(m["tool_calls"], f"{p}.tool_calls")
+        if role == "tool" and m.get("tool_call_id") is not None:
+            if not isinstance(m["tool_call_id"], str):
+                raise BadRequest(f"'{p}.tool_call_id' must be a string", f"{p}.tool_call_id")
+            msg["tool_call_id"] = m["tool_call_id"]
         out.append(msg)
     return out
 
@@ -287,6 +293,10 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     @app.exception_handler(BadRequest)
     async def _bad(request, e: BadRequest):
         return _err(e)
+
+    @app.exception_handler(FieldError)
+    async def _field(request, e: FieldError):
+        return _err(BadRequest(str(e), e.param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, e):
@@ -379,13 +389,16 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             raise BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs")
         thinking = _opt_bool(kw, "enable_thinking", "chat_template_kwargs.enable_thinking")
         thinking = True if thinking is None else thinking
-        extra = {k: v for k, v in kw.items() if k != "enable_thinking"}
+        extra = {k: v for k, v in kw.items() if k not in ("enable_thinking", "tools")}
+        con = await asyncio.to_thread(request_constraint, body, thinking, rt.token_id)
+        tools = {"tools": con.tools} if con.tools else {}
         # The next turn renders this conversation without the generation prompt (and without an
         # empty think block): snapshot where the history ends, and the history with the reply.
-        render = lambda m: rt.chat_prompt(m, enable_thinking=thinking, add_generation_prompt=False, **extra)
+        render = lambda m: rt.chat_prompt(m, enable_thinking=thinking, add_generation_prompt=False, **tools, **extra)
 
         def prompts():
-            return rt.tokenize(rt.chat_prompt(msgs, enable_thinking=thinking, **extra)), len(rt.tokenize(render(msgs)))
+            p = rt.chat_prompt(msgs, enable_thinking=thinking, **tools, **extra)
+            return rt.tokenize(p), len(rt.tokenize(render(msgs)))
 
         try:
             ids, n_hist = await asyncio.to_thread(prompts)
@@ -393,15 +406,18 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             raise BadRequest(f"the chat template failed on these messages: {e}", "messages") from None
         check_context(len(ids), "messages")
         s = sampling(body, len(ids), chat=True)
+        s.cfg.grammar = con.grammar
+        s.cfg.grammar_triggers = [rt.token_id(con.trigger)] if con.trigger else None
 
         def history(reply: str) -> list[int]:
-            r, c = split_reasoning(reply) if thinking else (None, reply)
-            m = {"role": "assistant", "content": c} | ({"reasoning_content": r} if r is not None else {})
-            return rt.tokenize(render(msgs + [m]))
+            return rt.tokenize(render(msgs + [chat_message(reply, thinking, con.parse_calls)]))
 
-        return await respond(request, ids, s, "chat.completion", thinking, [n_hist], history)
+        return await respond(request, ids, s, "chat.completion", thinking, [n_hist], history, con)
 
-    async def respond(request: Request, ids, s: Sampling, kind: str, thinking: bool, snapshot_at=(), history=None):
+    async def respond(
+        request: Request, ids, s: Sampling, kind: str, thinking: bool, snapshot_at=(), history=None, con=None
+    ):
+        parse_calls = bool(con and con.parse_calls)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
 
@@ -414,7 +430,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         engine.submit(job)
         if s.stream:
             return StreamingResponse(
-                _sse(job, q, rid, created, kind, thinking, s.include_usage, config.model_id),
+                _sse(job, q, rid, created, kind, thinking, s.include_usage, config.model_id, parse_calls),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -428,6 +444,9 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
                         return JSONResponse(error_body("client disconnected"), status_code=499)
                     continue
                 if ev["type"] == "error":
+                    if ev.get("status") == 400:  # the request's grammar (see Engine)
+                        param = {"json": "response_format", "tools": "tools"}.get(con.kind if con else "", "grammar")
+                        raise BadRequest(ev["message"], param)
                     return JSONResponse(error_body(ev["message"], etype="server_error"), status_code=500)
                 if ev["type"] == "done":
                     break
@@ -435,10 +454,9 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             job.cancel()  # no-op when done; stops the generation if this handler was cancelled
         choice = {"index": 0, "finish_reason": ev["finish_reason"], "logprobs": None}
         if kind == "chat.completion":
-            r, c = split_reasoning(ev["text"]) if thinking else (None, ev["text"])
-            msg = {"role": "assistant", "content": c}
-            if r is not None:
-                msg["reasoning_content"] = r
+            msg = chat_message(ev["text"], thinking, parse_calls)
+            if msg.get("tool_calls") and ev["finish_reason"] == "stop":
+                choice["finish_reason"] = "tool_calls"
             choice["message"] = msg
         else:
             choice["text"] = ev["text"]
@@ -454,32 +472,23 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     return app
 
 
-async def _sse(job: Job, q: asyncio.Queue, rid, created, kind, thinking, include_usage, model) -> AsyncIterator[str]:
+async def _sse(
+    job: Job, q: asyncio.Queue, rid, created, kind, thinking, include_usage, model, parse_calls=False
+) -> AsyncIterator[str]:
     """One `data:` event per block (text may be empty while it is held back), then one with the
     finish_reason and usage, then `[DONE]`."""
     chat = kind == "chat.completion"
     obj = "chat.completion.chunk" if chat else "text_completion"
-    split = ReasoningSplitter() if chat and thinking else None
-    first = True
+    deltas = ChatDeltas(thinking, parse_calls) if chat else None
 
     def chunk(delta_text: str | None, finish=None, usage=None, last=False):
-        nonlocal first
         if chat:
-            delta = {}
-            if first:
-                delta["role"] = "assistant"
-            if split is not None:
-                dr, dc = split.feed(delta_text or "", last=last)
-                if dr:
-                    delta["reasoning_content"] = dr
-                if dc or not dr:
-                    delta["content"] = dc
-            elif delta_text is not None:
-                delta["content"] = delta_text
+            delta = deltas.feed(delta_text, last=last)
+            if finish == "stop" and deltas.n_calls:
+                finish = "tool_calls"
             c = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         else:
             c = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}
-        first = False
         d = {"id": rid, "object": obj, "created": created, "model": model, "choices": [c]}
         if usage is not None:
             d["usage"] = usage

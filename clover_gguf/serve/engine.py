@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..constants import DEFAULT_THRESHOLD
 from ..reference.generate import BlockStats, GenerationConfig
+from ..runtime.runtime import GrammarError
 from .cache import StateCache
 from .text import TextStream
 
@@ -129,6 +130,12 @@ class Engine:
             if job.cancelled.is_set():
                 self.counters["cancelled"] += 1
                 _send(job, {"type": "error", "message": "cancelled before it started"})
+                return False
+            try:
+                if job.cfg.grammar is not None:  # the request's fault: refused before it decodes
+                    self.rt.check_grammar(job.cfg.grammar, job.cfg.grammar_triggers)
+            except GrammarError as e:
+                _send(job, {"type": "error", "message": str(e), "status": 400})
                 return False
             try:
                 runs[seq] = _Run(self, job, seq, *self._prepare(job, seq))
