@@ -388,9 +388,12 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         if not isinstance(kw, dict):
             raise BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs")
         thinking = _opt_bool(kw, "enable_thinking", "chat_template_kwargs.enable_thinking")
-        thinking = True if thinking is None else thinking
         extra = {k: v for k, v in kw.items() if k not in ("enable_thinking", "tools")}
-        con = await asyncio.to_thread(request_constraint, body, thinking, rt.token_id)
+        # a reply constrained to calls, a schema or a grammar is read by a program: thinking is
+        # on for it only when asked for (then the grammar lets a think block come first)
+        con = await asyncio.to_thread(request_constraint, body, bool(thinking), rt.token_id)
+        if thinking is None:
+            thinking = con.grammar is None or con.trigger is not None
         tools = {"tools": con.tools} if con.tools else {}
         # The next turn renders this conversation without the generation prompt (and without an
         # empty think block): snapshot where the history ends, and the history with the reply.
