@@ -180,6 +180,12 @@ class CloverRuntime:
             size = -n + 1
         raise RuntimeError_("llama_detokenize failed")
 
+    def token_bytes(self, t: int) -> bytes:
+        """The bytes of one token (special tokens as their text)."""
+        buf = ctypes.create_string_buffer(256)
+        n = self._lib.lc.llama_token_to_piece(self.vocab, int(t), buf, len(buf), 0, True)
+        return buf.raw[: max(0, n)]
+
     def chat_prompt(
         self, messages: list[dict], enable_thinking: bool = False, add_generation_prompt: bool = True, **kwargs
     ) -> str:

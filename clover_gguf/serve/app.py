@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..reference.generate import GenerationConfig
+from . import logprobs as lp
 from .engine import Engine, Job
 from .tools import ChatDeltas, FieldError, chat_message, parse_tool_calls, request_constraint
 
@@ -150,12 +151,14 @@ class Sampling:
     cache: bool
     stream: bool
     include_usage: bool
+    logprobs: int | None = None  # None: off; else the alternatives per token (top_logprobs)
 
 
 def parse_sampling(body: dict, n_prompt: int, chat: bool, default_block: int, max_block: int, ctx: int) -> Sampling:
-    for k in ("echo", "logprobs", "suffix", "top_logprobs", "best_of"):
+    for k in ("echo", "suffix", "best_of"):
         if body.get(k) and not (k == "best_of" and body[k] == 1):
             raise BadRequest(f"'{k}' is not supported by this server", k, "unsupported_parameter")
+    logprobs = _parse_logprobs(body, chat)
     n = _opt_int(body, "n")
     if n is not None and n != 1:
         raise BadRequest("'n' must be 1: one choice per request", "n", "unsupported_parameter")
@@ -214,7 +217,19 @@ def parse_sampling(body: dict, n_prompt: int, chat: bool, default_block: int, ma
         top_p=top_p if top_p is not None else 1.0,
         seed=seed & 0xFFFFFFFF,
     )
-    return Sampling(cfg, stop, cache is not False, stream, include_usage)
+    cfg.n_probs = logprobs or 0
+    return Sampling(cfg, stop, cache is not False, stream, include_usage, logprobs)
+
+
+def _parse_logprobs(body: dict, chat: bool) -> int | None:
+    """chat: `logprobs` true/false and `top_logprobs` 0..20; completions: `logprobs` 0..5."""
+    if chat:
+        on = _opt_bool(body, "logprobs")
+        top = _opt_int(body, "top_logprobs", lo=0, hi=lp.MAX_TOP_CHAT)
+        if top is not None and not on:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return (top or 0) if on else None
+    return _opt_int(body, "logprobs", lo=0, hi=lp.MAX_TOP_COMPLETIONS)
 
 
 def parse_messages(body: dict) -> list[dict]:
@@ -288,6 +303,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         await asyncio.to_thread(engine.close)
 
     app = FastAPI(title="clover-gguf", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    pieces = lp.Pieces(rt)
     model_names = {config.model_id, config.model_path}
 
     @app.exception_handler(BadRequest)
@@ -417,6 +433,59 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
         return await respond(request, ids, s, "chat.completion", thinking, [n_hist], history, con)
 
+    @app.post("/infill")
+    async def infill(request: Request):
+        """llama-server's /infill fields (input_prefix, input_suffix, prompt), by fixing the suffix's
+        tokens inside the one block that is denoised: [n_predict masks][suffix] after the prefix."""
+        body = await read_json(request)
+        check_model(body)
+        for k in ("input_prefix", "input_suffix", "prompt"):
+            if not isinstance(body.get(k, ""), str):
+                raise BadRequest(f"'{k}' must be a string", k)
+        if body.get("input_extra"):
+            raise BadRequest(
+                "'input_extra' (other files' context) is not supported: put it in input_prefix", "input_extra"
+            )
+        if body.get("stream"):
+            raise BadRequest("'stream': the middle is one block, decoded at once; ask without stream", "stream")
+        prefix = await tokenize(body.get("input_prefix", "") + body.get("prompt", ""))
+        suffix = await tokenize(body.get("input_suffix", ""))
+        n_max = rt.n_ubatch - len(suffix)
+        key = "n_predict" if body.get("n_predict") is not None else "max_tokens"
+        m = _opt_int(body, key, lo=1, hi=max(1, n_max)) or min(rt.default_block_size, n_max)
+        if n_max < 1:
+            raise BadRequest(
+                f"the suffix has {len(suffix)} tokens: with the middle it must fit in one block of at most "
+                f"{rt.n_ubatch} tokens (the context's n_ubatch)",
+                "input_suffix",
+            )
+        check_context(len(prefix) + m + len(suffix), "input_prefix")
+        s = sampling({k: v for k, v in body.items() if k not in ("n_predict", "max_tokens")}, len(prefix), chat=False)
+        block = [rt.mask_token_id] * m + suffix
+        s.cfg.first_block, s.cfg.max_new_tokens, s.stream = block, len(block), False
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        job = Job(prefix, s.cfg, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev), [], s.cache, [], lambda _t: [])
+        engine.submit(job)
+        try:
+            while (ev := await q.get())["type"] == "block":
+                pass
+        finally:
+            job.cancel()
+        if ev["type"] == "error":
+            return JSONResponse(error_body(ev["message"], etype="server_error"), status_code=500)
+        mid = ev["tokens"][:m]
+        cut = next((i for i, t in enumerate(mid) if t in rt.eog), len(mid))
+        return {
+            "content": rt.detokenize(mid[:cut]),
+            "model": config.model_id,
+            "tokens_predicted": cut,
+            "tokens_evaluated": len(prefix),
+            "stop": True,
+            "stop_type": "eos" if cut < m else "limit",
+            "usage": ev["usage"] | {"completion_tokens": cut, "total_tokens": len(prefix) + cut},
+        }
+
     async def respond(
         request: Request, ids, s: Sampling, kind: str, thinking: bool, snapshot_at=(), history=None, con=None
     ):
@@ -433,7 +502,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         engine.submit(job)
         if s.stream:
             return StreamingResponse(
-                _sse(job, q, rid, created, kind, thinking, s.include_usage, config.model_id, parse_calls),
+                _sse(job, q, rid, created, kind, thinking, s, config.model_id, parse_calls, pieces),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -456,6 +525,12 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         finally:
             job.cancel()  # no-op when done; stops the generation if this handler was cancelled
         choice = {"index": 0, "finish_reason": ev["finish_reason"], "logprobs": None}
+        if s.logprobs is not None:
+            n = lp.returned(pieces, ev["tokens"], ev["text"])
+            got = (ev["tokens"][:n], ev["probs"][:n], ev["top"][:n], s.logprobs)
+            choice["logprobs"] = (
+                {"content": lp.chat_content(pieces, *got)} if kind == "chat.completion" else lp.completion(pieces, *got)
+            )
         if kind == "chat.completion":
             msg = chat_message(ev["text"], thinking, parse_calls)
             if msg.get("tool_calls") and ev["finish_reason"] == "stop":
@@ -476,22 +551,34 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
 
 async def _sse(
-    job: Job, q: asyncio.Queue, rid, created, kind, thinking, include_usage, model, parse_calls=False
+    job: Job, q: asyncio.Queue, rid, created, kind, thinking, s: Sampling, model, parse_calls, pieces
 ) -> AsyncIterator[str]:
     """One `data:` event per block (text may be empty while it is held back), then one with the
-    finish_reason and usage, then `[DONE]`."""
+    finish_reason and usage, then `[DONE]`. With logprobs, each block's event carries those of
+    its tokens."""
+    include_usage = s.include_usage
     chat = kind == "chat.completion"
+    offset = 0
     obj = "chat.completion.chunk" if chat else "text_completion"
     deltas = ChatDeltas(thinking, parse_calls) if chat else None
 
-    def chunk(delta_text: str | None, finish=None, usage=None, last=False):
+    def chunk(delta_text: str | None, finish=None, usage=None, last=False, ev=None):
+        nonlocal offset
+        logprobs = None
+        if s.logprobs is not None and ev is not None:
+            got = (ev["tokens"], ev["probs"], ev["top"], s.logprobs)
+            if chat:
+                logprobs = {"content": lp.chat_content(pieces, *got)}
+            else:
+                logprobs = lp.completion(pieces, *got, offset=offset)
+                offset += sum(len(t) for t in logprobs["tokens"])
         if chat:
             delta = deltas.feed(delta_text, last=last)
             if finish == "stop" and deltas.n_calls:
                 finish = "tool_calls"
-            c = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            c = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
-            c = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}
+            c = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": logprobs}
         d = {"id": rid, "object": obj, "created": created, "model": model, "choices": [c]}
         if usage is not None:
             d["usage"] = usage
@@ -501,7 +588,7 @@ async def _sse(
         while True:
             ev = await q.get()
             if ev["type"] == "block":
-                yield chunk(ev["text"])
+                yield chunk(ev["text"], ev=ev)
             elif ev["type"] == "error":
                 yield f"data: {json.dumps(error_body(ev['message'], etype='server_error'))}\n\n"
                 return

@@ -245,6 +245,9 @@ class _Run:
         self.e, self.job, self.seq, self.start, self.t_prefill = engine, job, seq, start, t_prefill
         self.text = TextStream(engine.rt.detokenize, job.stop)
         self.out: list[int] = []
+        # per token of out: its probability when unmasked, and its row's most probable tokens
+        self.probs: list[float] = []
+        self.top: list[list[tuple[int, float]]] = []
         self.finish_reason: str | None = None
         self.eog: int | None = None
         self.t0 = self.t_first = self.t_last = 0.0
@@ -262,11 +265,15 @@ class _Run:
             toks = toks[:cut]
             self.finish_reason = "stop"
         self.out.extend(toks)
+        self.probs.extend(st.probs[: len(toks)])
+        self.top.extend(st.top[: len(toks)] if st.top else [[] for _ in toks])
         last = cut is not None or self.n_gen >= self.job.cfg.max_new_tokens
         delta = self.text.feed(toks, last=last)
         if self.text.stopped:
             self.finish_reason = "stop"
-        _send(self.job, {"type": "block", "text": delta, "n_tokens": st.n_tokens, "steps": st.steps})
+        n = len(self.out) - len(toks)
+        ev = {"type": "block", "text": delta, "n_tokens": st.n_tokens, "steps": st.steps}
+        _send(self.job, ev | {"tokens": toks, "probs": self.probs[n:], "top": self.top[n:]})
         if self.job.cancelled.is_set():
             self.finish_reason = "cancelled"
             return False
@@ -325,7 +332,8 @@ class _Run:
                 },
             },
         }
-        _send(job, {"type": "done", "text": self.text.text, "finish_reason": self.finish_reason, "usage": usage})
+        done = {"type": "done", "text": self.text.text, "finish_reason": self.finish_reason, "usage": usage}
+        _send(job, done | {"tokens": self.out, "probs": self.probs, "top": self.top})
 
 
 def _thr(cfg: GenerationConfig) -> float:
