@@ -394,6 +394,7 @@ class CloverRuntime:
         reset: bool = True,
         on_finish: Callable[[int, GenerationResult], None] | None = None,
         refill: Callable[[list[int]], list[tuple[int, list, GenerationConfig]]] | None = None,
+        after_step: Callable[[int], bool] | None = None,
     ) -> list[GenerationResult]:
         """Generate for several prompts at once: sequence i holds prompts[i], and every denoising
         step is one graph with the current block of each unfinished sequence (needs n_seq_max >=
@@ -403,6 +404,9 @@ class CloverRuntime:
         refill(free sequence ids) runs between steps and returns (seq, prompt, cfg) to start
         there (continuous batching: they join the next step; their prompt is committed after
         the sequence's memory, as with reset=False); results of those come only to on_finish.
+        after_step(i) runs after each denoising step for each sequence that took part; False
+        stops that sequence at once, mid-block (clover_batch_remove: its memory keeps what was
+        committed; on_finish gets the tokens of its finished blocks): cancellation per step.
         Returns the results of `prompts`."""
         n = len(prompts)
         if n > self.n_seq_max:
@@ -509,10 +513,15 @@ class CloverRuntime:
             while True:
                 n_c = 0
                 if len(ended) < len(active):
+                    stepped = sorted(set(active) - set(ended))
                     rc = lib.clover_batch_step(batch, c_cb, None)
                     if err:
                         raise err[0]
                     n_c = self._check(rc, "clover_batch_step")
+                    for i in stepped if after_step is not None else ():
+                        if not after_step(i) and i not in ended:
+                            lib.clover_batch_remove(batch, i)  # -1 only if it had ended already
+                            ended.append(i)
                 if n_c == 0:  # a sequence the mirror missed still ends here
                     ended.extend(i for i in active if i not in ended)
                 for i in dict.fromkeys(ended):

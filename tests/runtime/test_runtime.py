@@ -427,6 +427,28 @@ def test_batch_refill_joins_between_steps(vec_gguf):
     ]
 
 
+def test_batch_after_step_stops_a_sequence_mid_block(vec_gguf):
+    """after_step runs once per sequence per denoising step; False stops that sequence at once,
+    inside its block: it keeps the tokens of its finished blocks, and the other one is unchanged."""
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    rng = random.Random(9)
+    prompts = [[rng.randrange(90) for _ in range(n)] for n in (6, 10)]
+    cfgs = [GenerationConfig(max_new_tokens=24, block_size=8, steps=8) for _ in prompts]
+    steps = {0: 0, 1: 0}
+
+    def after_step(i):
+        steps[i] += 1
+        return not (i == 0 and steps[0] == 11)  # sequence 0: stop 3 steps into its second block
+
+    with CloverRuntime(vec_gguf, n_threads=1, n_seq_max=2, n_ubatch=32) as rt:
+        res = rt.generate_batch(prompts, cfgs, after_step=after_step)
+        alone = [rt.generate(p, c).tokens for p, c in zip(prompts, cfgs)]
+    assert steps == {0: 11, 1: sum(b.steps for b in res[1].blocks)} and steps[1] == 24
+    assert [b.steps for b in res[0].blocks] == [8] and res[0].tokens == alone[0][:8]
+    assert res[1].tokens == alone[1]
+
+
 def test_sequences_commit_and_snapshot_like_sequence_0(vec_gguf):
     """commit / save_state / load_state / reset on sequence k act on k only, and a snapshot of
     one sequence restores into another bit for bit (the server restores snapshots anywhere)."""
