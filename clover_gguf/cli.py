@@ -570,12 +570,41 @@ def plan_cmd(
     metavar="HOST:PORT[,...]",
     help="llama.cpp rpc-server(s) to offload -ngl layers to (comma-separated).",
 )
+@click.option(
+    "-n",
+    "--n-predict",
+    type=int,
+    help="Tokens of one reply at most, and chat's default max_tokens [default: 8192; at most the context].",
+)
+@click.option(
+    "--alias", help="The model id /v1/models lists (any request model name is accepted) [default: the file name]."
+)
+@click.option(
+    "--queue-timeout",
+    type=float,
+    help="Seconds a request may wait for a free sequence before a 503 (0: no limit) [default: 300].",
+)
 def serve_cmd(
-    model, host, port, n_gpu_layers, experts_on_cpu, fit, threads, api_key, parallel, ctx_cache, ctx_size, rpc
+    model,
+    host,
+    port,
+    n_gpu_layers,
+    experts_on_cpu,
+    fit,
+    threads,
+    api_key,
+    parallel,
+    ctx_cache,
+    ctx_size,
+    rpc,
+    n_predict,
+    alias,
+    queue_timeout,
 ):
     """OpenAI-compatible server for a Clover GGUF: /v1/completions and /v1/chat/completions
-    (SSE streaming, one event per committed block), /v1/models, /health, /props. A turn that
-    extends an earlier conversation prefills only its new tokens. Needs `pip install 'clover-gguf[server]'`.
+    (SSE streaming, one event per committed block), /v1/models, /health, /props, /metrics, and
+    llama-server's /infill, /tokenize, /detokenize, /apply-template. A turn that extends an
+    earlier conversation prefills only its new tokens. Needs `pip install 'clover-gguf[server]'`.
 
     \b
     clover-gguf serve out/clover-tiny-q4_k.gguf --port 8080 -t 2
@@ -602,6 +631,9 @@ def serve_cmd(
             ctx_cache=ctx_cache,
             ctx_size=ctx_size,
             rpc=rpc,
+            n_predict=n_predict,
+            alias=alias,
+            queue_timeout=queue_timeout,
             log=lambda m: click.echo(m, err=True),
         )
     except (ValueError, OSError, RuntimeError, RuntimeNotBuilt) as e:

@@ -1,12 +1,15 @@
 """`clover-gguf serve`: an OpenAI-compatible HTTP server for a Clover GGUF (FastAPI + uvicorn,
 SSE streaming one event per committed block, memory snapshots reused across turns).
 
-Modules: app.py (routes, validation, SSE), engine.py (the worker that owns the runtime),
-cache.py (the snapshot LRU), text.py (stop strings, the thinking split).
+Modules: app.py (routes, validation, SSE), fields.py (every request field: implemented or
+refused, numeric ranges), engine.py (the worker that owns the runtime), cache.py (the snapshot
+LRU), text.py (stop strings, the thinking split), tools.py (tool calls, constraints),
+logprobs.py, metrics.py (/metrics), local.py (a server in a subprocess, for tests).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 SERVER_EXTRA_HINT = "clover-gguf serve needs the server extra: pip install 'clover-gguf[server]'"
@@ -25,13 +28,20 @@ def serve(
     ctx_cache: int = 16,
     ctx_size: int | None = None,
     rpc: str | None = None,
+    n_predict: int | None = None,
+    alias: str | None = None,
+    queue_timeout: float | None = None,
     log=print,
 ) -> None:
-    """Load MODEL and serve it until SIGTERM/SIGINT (in-flight requests finish first)."""
+    """Load MODEL and serve it until SIGTERM/SIGINT (requests whose clients are still connected
+    finish first; abandoned ones are cancelled at their next denoising step). n_predict: the
+    tokens of one reply at most (default DEFAULT_N_PREDICT); alias: the model id /v1/models lists
+    (default: the file name); queue_timeout: seconds a request may wait for a sequence before a
+    503 (default DEFAULT_QUEUE_TIMEOUT; 0: no limit)."""
     try:
         import uvicorn
 
-        from .app import ServerConfig, create_app
+        from .app import DEFAULT_N_PREDICT, DEFAULT_QUEUE_TIMEOUT, ServerConfig, create_app
     except ImportError as e:
         raise RuntimeError(f"{SERVER_EXTRA_HINT} ({e})") from None
     from ..constants import ARCH, Keys
@@ -43,6 +53,14 @@ def serve(
         raise ValueError(f"{model}: not a .gguf file")
     if parallel < 1 or ctx_cache < 0:
         raise ValueError("--parallel must be >= 1 and --ctx-cache >= 0")
+    n_predict = DEFAULT_N_PREDICT if n_predict is None else n_predict
+    queue_timeout = DEFAULT_QUEUE_TIMEOUT if queue_timeout is None else queue_timeout
+    if n_predict < 1:
+        raise ValueError(f"--n-predict {n_predict}: must be >= 1")
+    if not (math.isfinite(queue_timeout) and queue_timeout >= 0):
+        raise ValueError(f"--queue-timeout {queue_timeout}: must be a number of seconds >= 0 (0: no limit)")
+    if alias is not None and not alias.strip():
+        raise ValueError("--alias: must not be empty")
     import torch
 
     # the generation loop's tensors are one block of logits: extra torch threads only contend
@@ -67,7 +85,7 @@ def serve(
     n_ctx = int(ctx_size or (int(ctx_meta) if ctx_meta else 0) or 262144)
     cfg = ServerConfig(
         model_path=str(model),
-        model_id=model.name,
+        model_id=alias or model.name,
         ctx_size=n_ctx,
         api_key=api_key,
         parallel=parallel,
@@ -79,12 +97,15 @@ def serve(
         port=port,
         rpc=rt.rpc_servers,
         placement=rt.placement,
+        n_predict=min(n_predict, n_ctx),
+        queue_timeout=queue_timeout or None,
     )
     engine = Engine(rt, parallel=parallel, ctx_cache=ctx_cache)
-    app = create_app(engine, cfg)
+    app = create_app(engine, cfg, log=log)
     log(
         f"clover-gguf serve: {model.name} on http://{host}:{port}/v1 (block size {rt.default_block_size}, "
-        f"context {n_ctx}, {rt.n_threads} threads, parallel {parallel}, ctx-cache {ctx_cache}"
+        f"context {n_ctx}, n-predict {cfg.n_predict}, {rt.n_threads} threads, parallel {parallel}, "
+        f"ctx-cache {ctx_cache}, queue timeout {f'{queue_timeout:g} s' if queue_timeout else 'none'}"
         f"{', API key required' if api_key else ''})",
     )
     if rt.rpc_servers:

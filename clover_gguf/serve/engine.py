@@ -26,9 +26,10 @@ from .text import TextStream
 
 @dataclass
 class Job:
-    """One request. `emit` receives the events (called on the worker thread):
-    {"type": "block", "text", "n_tokens", "steps"} after each block, then one
-    {"type": "done", "text", "finish_reason", "usage"} or {"type": "error", "message"}."""
+    """One request. `emit` receives the events (called on the worker thread): {"type": "start"}
+    when the worker takes it, {"type": "block", "text", "n_tokens", "steps"} after each block,
+    then one {"type": "done", "text", "finish_reason", "usage"} or {"type": "error", "message"}
+    (an error may come instead of "start"). `cancel()` stops it before the next denoising step."""
 
     prompt: list[int]
     cfg: GenerationConfig
@@ -44,6 +45,7 @@ class Job:
     t_submit: float = field(default_factory=time.perf_counter)
     t_start: float = 0.0  # the worker took it
     reused: int = 0  # prompt tokens restored from a snapshot
+    timed_out: bool = False  # cancelled by the queue timeout (answered 503), not by its client
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -64,6 +66,7 @@ class Engine:
         self.eog = {t for t in range(rt.n_vocab) if lc.llama_vocab_is_eog(vocab, t)}
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._graphs0 = 0  # denoise_graphs when the current group began
         self.counters = dict(
             requests=0,
             cancelled=0,
@@ -78,6 +81,13 @@ class Engine:
             # requests decoding at once
             denoise_graphs=0,
             sequence_steps=0,
+            # tokens returned to clients (up to an end token or stop string) and block positions
+            # denoised; seconds restoring/committing prompts and decoding (for /metrics)
+            completion_tokens=0,
+            generated_tokens=0,
+            prompt_seconds=0.0,
+            generation_seconds=0.0,
+            processing=0,  # requests decoding now
         )
 
     # ------------------------------------------------------------------ lifetime
@@ -97,7 +107,11 @@ class Engine:
         self._q.put(job)
 
     def stats(self) -> dict:
-        return {**self.counters, "queued": self._q.qsize(), "cache": self.cache.stats()}
+        return {**self.counters, "queued": self.queued(), "cache": self.cache.stats()}
+
+    def queued(self) -> int:
+        """Jobs waiting for the worker (not those cancelled meanwhile, which it will drop)."""
+        return sum(j is not None and not j.cancelled.is_set() for j in list(self._q.queue))
 
     # ------------------------------------------------------------------ worker
     def _loop(self) -> None:
@@ -128,7 +142,7 @@ class Engine:
 
         def start(job: Job, seq: int) -> bool:
             if job.cancelled.is_set():
-                self.counters["cancelled"] += 1
+                self.counters["cancelled"] += not job.timed_out
                 _send(job, {"type": "error", "message": "cancelled before it started"})
                 return False
             try:
@@ -137,6 +151,7 @@ class Engine:
             except GrammarError as e:
                 _send(job, {"type": "error", "message": str(e), "status": 400})
                 return False
+            _send(job, {"type": "start"})
             try:
                 runs[seq] = _Run(self, job, seq, *self._prepare(job, seq))
             except Exception as e:  # one failed request must not stop the server
@@ -168,6 +183,7 @@ class Engine:
                     break
             return out
 
+        self._graphs0 = self.counters["denoise_graphs"]
         try:
             self.rt.generate_batch(
                 [r.job.prompt[r.start :] for r in first],
@@ -176,14 +192,20 @@ class Engine:
                 reset=False,
                 on_finish=lambda i, res: runs[i].finish(res),
                 refill=refill,
+                after_step=lambda i: runs[i].after_step(),
             )
-            self.counters["denoise_graphs"] += int((self.rt.last_perf or {}).get("n_steps", 0))
+            self.counters["denoise_graphs"] = self._graphs0 + int((self.rt.last_perf or {}).get("n_steps", 0))
         except Exception as e:
             for r in runs.values():
                 if not r.finished:
                     r.finished = True
                     self.counters["errors"] += 1
+                    self.counters["processing"] -= 1
                     _send(r.job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
+
+    def _count_graphs(self) -> None:
+        """denoise_graphs now, inside a group (the runtime counts its graphs since the group began)."""
+        self.counters["denoise_graphs"] = self._graphs0 + int(self.rt.perf().get("n_steps", 0))
 
     def _take(self) -> Job | None:
         """A queued job, without waiting; None when there is none or the engine is closing."""
@@ -252,8 +274,18 @@ class _Run:
         self.eog: int | None = None
         self.t0 = self.t_first = self.t_last = 0.0
         self.n_gen = 0
+        self.steps = 0  # denoising steps this sequence took part in (a cancelled block's too)
         self.finished = False
         engine.counters["requests"] += 1
+        engine.counters["processing"] += 1
+
+    def after_step(self) -> bool:
+        """After each denoising step: a cancelled job stops here, mid-block."""
+        self.steps += 1
+        self.e.counters["sequence_steps"] += 1
+        if self.job.cancelled.is_set() and self.finish_reason is None:
+            self.finish_reason = "cancelled"
+        return self.finish_reason != "cancelled"
 
     def on_block(self, toks: list[int], st: BlockStats) -> bool:
         self.t_last = time.perf_counter()
@@ -284,6 +316,7 @@ class _Run:
         start (before reporting done, so that a next turn sent at once finds it), then report."""
         self.finished = True
         e, job, cfg = self.e, self.job, self.job.cfg
+        e.counters["processing"] -= 1
         t_end = time.perf_counter()
         if self.finish_reason is None:
             self.finish_reason = "length"
@@ -300,20 +333,26 @@ class _Run:
                 hist = []
             e._snapshot_history(hist, cfg.block_size)
         prefill_tokens = len(job.prompt) - job.reused
+        e._count_graphs()  # counters are up to date when the client reads them after its reply
         e.counters["prefill_tokens"] += prefill_tokens
         e.counters["reused_tokens"] += job.reused
         steps = sum(b.steps for b in res.blocks)
-        e.counters["sequence_steps"] += steps
         gen_tokens = sum(b.n_tokens for b in res.blocks)
+        n_out = self.text.n_tokens()  # the tokens of the text returned (a stop string cuts it)
         t_gen_end = self.t_last or t_end
         ms = lambda a, b: (b - a) * 1e3
+        e.counters["completion_tokens"] += n_out
+        e.counters["generated_tokens"] += gen_tokens
+        e.counters["prompt_seconds"] += self.t_prefill + res.prefill_ms / 1e3
+        e.counters["generation_seconds"] += max(0.0, t_gen_end - self.t0 - res.prefill_ms / 1e3)
         usage = {
             "prompt_tokens": len(job.prompt),
-            "completion_tokens": len(self.out),
-            "total_tokens": len(job.prompt) + len(self.out),
+            "completion_tokens": n_out,
+            "total_tokens": len(job.prompt) + n_out,
             "prompt_tokens_details": {"cached_tokens": job.reused},
             "clover": {
                 "block_size": cfg.block_size,
+                "max_tokens": cfg.max_new_tokens,
                 "schedule": f"steps={cfg.steps}" if cfg.steps is not None else f"threshold={_thr(cfg)}",
                 "prefill_tokens": prefill_tokens,
                 "reused_tokens": job.reused,

@@ -53,6 +53,20 @@ class TextStream:
         self.text = full[:end]
         return delta
 
+    def n_tokens(self) -> int:
+        """How many of the tokens fed make up the final text: all of them, unless a stop string
+        cut it, then the fewest whose text reaches its end (what usage.completion_tokens counts)."""
+        if not self.stopped:
+            return len(self.ids)
+        lo, hi = 0, len(self.ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self.detokenize(self.ids[:mid])) >= len(self.text):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
 
 def split_reasoning(text: str) -> tuple[str | None, str]:
     """(reasoning, content) of a thinking-mode reply: what follows a leading `<think>` up to

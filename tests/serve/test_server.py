@@ -106,7 +106,8 @@ def test_completions_stream_one_event_per_block(client, model_id, rt, expect):
     )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(toks)  # include_usage
     events = chunks[:-1]
-    usage = events[-1].usage
+    usage = chunks[-1].usage
+    assert all(c.usage is None for c in events)  # usage comes once, on its own chunk
     assert events[-1].choices[0].finish_reason in ("length", "stop")
     assert len(events) == usage.clover["blocks"] + 1  # one per block, then the finish event
     assert "".join(c.choices[0].text for c in events) == text
@@ -170,6 +171,9 @@ def test_stop_sequences(client, model_id, rt, expect):
     # generation stopped at the block that completed the stop string
     n = next(i for i in range(1, len(toks) + 1) if stop in rt.detokenize(toks[:i]))
     assert r.usage.clover["blocks"] == math.ceil(n / B)
+    # completion_tokens counts the tokens of the text returned, not the block run past the stop string
+    returned = next(i for i in range(len(toks) + 1) if len(rt.detokenize(toks[:i])) >= k)
+    assert r.usage.completion_tokens == returned < r.usage.clover["generated_tokens"]
     streamed = client.completions.create(model=model_id, prompt=prompt, max_tokens=48, stop=stop, stream=True)
     assert "".join(c.choices[0].text for c in streamed) == full[:k]
 
@@ -181,7 +185,7 @@ BAD = [
     ("bad JSON", C, b'{"prompt": "x",', None, "invalid_json"),
     ("non-UTF-8", C, b'{"prompt": "\xff\xfe"}', None, "invalid_encoding"),
     ("not an object", C, b"[1, 2]", None, "invalid_json"),
-    ("unknown model", C, {"model": "gpt-nothing", "prompt": "x"}, "model", "model_not_found"),
+    ("model not a string", C, {"model": 5, "prompt": "x"}, "model", None),
     ("negative max_tokens", C, {"prompt": "x", "max_tokens": -1}, "max_tokens", None),
     ("max_tokens not an integer", C, {"prompt": "x", "max_tokens": "5"}, "max_tokens", None),
     ("top_p 0", C, {"prompt": "x", "top_p": 0}, "top_p", None),

@@ -56,6 +56,18 @@ def test_stop_inside_one_block_and_earliest_wins():
     assert ts.stopped and out == ["def "]
 
 
+def test_n_tokens_counts_what_is_returned():
+    # no stop string: every token fed; a stop string: the fewest tokens whose text reaches the cut
+    _, ts = stream([[0, 1, 2, 3], [4, 5]])
+    assert ts.n_tokens() == 6
+    _, ts = stream([[0, 1, 2, 3, 4, 5]], stop=["(x"])
+    assert ts.text == "def f" and ts.n_tokens() == 2
+    _, ts = stream([[0, 1, 2, 3, 4, 5]], stop=["x)"])  # the cut falls inside token 2 "(x)"
+    assert ts.text == "def f(" and ts.n_tokens() == 3
+    _, ts = stream([[0, 1]], stop=["def"])
+    assert ts.text == "" and ts.n_tokens() == 0
+
+
 def test_reasoning_split():
     assert split_reasoning("<think>\nplan\n</think>\n\ncode") == ("plan\n", "code")
     assert split_reasoning("<think>\nstill thinking") == ("still thinking", "")

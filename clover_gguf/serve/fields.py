@@ -1,0 +1,275 @@
+"""The request fields of `clover-gguf serve`: what each does here, the numeric ones' ranges in
+one table, and the checks every JSON body goes through before anything else (nesting depth,
+lone surrogates).
+
+Every field of /v1/completions and /v1/chat/completions is one of: implemented; accepted only
+at the value that asks for what the server does anyway (`n: 1`, penalties 0, an empty
+`logit_bias`, ...), any other value refused; accepted without effect (metadata that clients
+send by default); refused. A field that is not in the table is refused as OpenAI refuses it
+("Unrecognized request argument supplied"). `null` is the field's default, as with OpenAI.
+docs/serving.md "Request fields" is this table in words (tests/serve/test_fields.py compares).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .logprobs import MAX_TOP_CHAT, MAX_TOP_COMPLETIONS
+
+IMPLEMENTED = "implemented"
+NEUTRAL = "refused, but for the value that changes nothing"
+NO_EFFECT = "accepted, no effect"
+REFUSED = "refused"
+
+MAX_JSON_DEPTH = 64  # nesting of objects and arrays in a request body
+MAX_STOP = 16  # stop strings per request
+MAX_STOP_CHARS = 1024  # characters per stop string (held-back text is checked against each)
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1  # the runtime's seed is 32 bits
+
+
+class FieldProblem(ValueError):
+    """A request field is wrong: `param` names it; `code` is OpenAI's error code, if any."""
+
+    def __init__(self, message: str, param: str | None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+@dataclass(frozen=True)
+class Field:
+    status: str
+    # NEUTRAL: the values accepted (what the server does anyway), and how to say them
+    neutral: Callable[[object], bool] | None = None
+    neutral_text: str = ""
+    note: str = ""
+
+
+def _num_is(x: float) -> Callable[[object], bool]:
+    return lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v == x
+
+
+def _neutral(test, text: str, note: str) -> Field:
+    return Field(NEUTRAL, test, text, note)
+
+
+_I = Field(IMPLEMENTED)
+# implemented by the tool-call / constrained-decoding / logprobs work (clover_gguf/serve/tools.py, logprobs.py)
+_T = Field(IMPLEMENTED, note="tool calls, constrained decoding and logprobs")
+
+COMMON: dict[str, Field] = {
+    "model": Field(IMPLEMENTED, note="any name: the server has one model"),
+    "max_tokens": _I,
+    "temperature": _I,
+    "top_p": _I,
+    "top_k": Field(IMPLEMENTED, note="extension (llama-server, vLLM)"),
+    "seed": _I,
+    "stop": _I,
+    "stream": _I,
+    "stream_options": _I,
+    "clover": Field(IMPLEMENTED, note="extension: Clover's decoding options"),
+    "logprobs": _T,
+    "n": _neutral(_num_is(1), "1", "one choice per request"),
+    "frequency_penalty": _neutral(_num_is(0), "0", "the sampler has no penalties"),
+    "presence_penalty": _neutral(_num_is(0), "0", "the sampler has no penalties"),
+    "logit_bias": _neutral(lambda v: v == {}, "{}", "the sampler has no logit bias"),
+    "user": Field(
+        NO_EFFECT, note="an end-user id for the provider's abuse monitoring; LibreChat sends it on every request"
+    ),
+}
+
+CHAT: dict[str, Field] = COMMON | {
+    "messages": _I,
+    "max_completion_tokens": _I,
+    "top_logprobs": _T,
+    "tools": _T,
+    "tool_choice": _T,
+    "parallel_tool_calls": _T,
+    "response_format": _T,
+    "grammar": Field(IMPLEMENTED, note="extension (llama-server); tool calls, constrained decoding and logprobs"),
+    "chat_template_kwargs": Field(IMPLEMENTED, note="extension (vLLM, llama-server)"),
+    "store": _neutral(lambda v: v is False, "false", "this server stores nothing"),
+    "service_tier": _neutral(lambda v: v in ("auto", "default"), '"auto" or "default"', "the server has one tier"),
+    "modalities": _neutral(lambda v: v == ["text"], '["text"]', "text only"),
+    "metadata": Field(REFUSED, note="tags for stored completions; this server stores nothing"),
+    "reasoning_effort": Field(REFUSED, note="thinking is on or off: chat_template_kwargs.enable_thinking"),
+    "verbosity": Field(REFUSED),
+    "audio": Field(REFUSED, note="text only"),
+    "prediction": Field(REFUSED, note="no predicted outputs"),
+    "web_search_options": Field(REFUSED, note="no web search"),
+    "functions": Field(REFUSED, note="deprecated by OpenAI: use tools"),
+    "function_call": Field(REFUSED, note="deprecated by OpenAI: use tool_choice"),
+    "prompt_cache_key": Field(REFUSED, note="the prompt cache is automatic (state reuse)"),
+    "safety_identifier": Field(REFUSED, note="no abuse monitoring here"),
+}
+
+COMPLETIONS: dict[str, Field] = COMMON | {
+    "prompt": _I,
+    "echo": _neutral(lambda v: v is False, "false", "the prompt is not repeated"),
+    "best_of": _neutral(_num_is(1), "1", "one candidate per request"),
+    "suffix": Field(REFUSED, note="use POST /infill (input_prefix, input_suffix)"),
+    "grammar": Field(REFUSED, note="constrained output is on /v1/chat/completions"),
+    "response_format": Field(REFUSED, note="constrained output is on /v1/chat/completions"),
+}
+
+# llama-server's /tokenize and /detokenize
+TOKENIZE: dict[str, Field] = {
+    "model": COMMON["model"],
+    "content": _I,
+    "add_special": _I,
+    "parse_special": _I,
+    "with_pieces": _I,
+}
+DETOKENIZE: dict[str, Field] = {"model": COMMON["model"], "tokens": _I}
+
+# stream_options' own fields
+STREAM_OPTIONS: dict[str, Field] = {
+    "include_usage": _I,
+    "include_obfuscation": _neutral(lambda v: v is False, "false", "chunks are not padded"),
+}
+
+# the keys of one chat message (OpenAI refuses others too); `name` is accepted because agent
+# frameworks (AutoGen) send it on every message; the rest are what the openai client sends back
+# when a reply's message object is appended to the history
+MESSAGE: dict[str, Field] = {
+    "role": _I,
+    "content": _I,
+    "tool_calls": _T,
+    "tool_call_id": _T,
+    "reasoning_content": Field(IMPLEMENTED, note="a thinking reply's reasoning, rendered as the template does"),
+    "name": Field(NO_EFFECT, note="Clover's template has no place for it; AutoGen sends it on every message"),
+    "refusal": _neutral(lambda v: v is None, "null", "the openai client sends it back with a reply"),
+    "annotations": _neutral(lambda v: v == [], "[]", "the openai client sends it back with a reply"),
+    "audio": _neutral(lambda v: v is None, "null", "the openai client sends it back with a reply"),
+    "function_call": _neutral(lambda v: v is None, "null", "the openai client sends it back with a reply"),
+}
+
+
+def check_fields(body: dict, table: dict[str, Field], prefix: str = "") -> None:
+    """Refuse an unknown field, a refused one, or a NEUTRAL one at another value (null is absent)."""
+    for k, v in body.items():
+        p = f"{prefix}{k}"
+        f = table.get(k)
+        if f is None:
+            raise FieldProblem(f"Unrecognized request argument supplied: {p}", p, "unknown_parameter")
+        if v is None or f.status in (IMPLEMENTED, NO_EFFECT):
+            continue
+        if f.status == NEUTRAL and f.neutral(v):
+            continue
+        why = f": {f.note}" if f.note else ""
+        if f.status == NEUTRAL:
+            msg = f"'{p}' must be {f.neutral_text} (or absent) with this server{why}; got {_short(v)}"
+        else:
+            msg = f"'{p}' is not supported by this server{why}"
+        raise FieldProblem(msg, p, "unsupported_parameter")
+
+
+def _short(v) -> str:
+    s = json.dumps(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+@dataclass(frozen=True)
+class Num:
+    """A numeric field's range; a bound given as a string is a limit of the server or request
+    (ctx: the context size, n_ubatch, block_size: the request's block size)."""
+
+    integer: bool
+    lo: float | str
+    hi: float | str
+    lo_open: bool = False
+    why: str = ""  # what the upper bound is, for the message
+
+
+NUMERIC: dict[str, Num] = {
+    "max_tokens": Num(True, 0, "ctx", why="the context size"),
+    "max_completion_tokens": Num(True, 0, "ctx", why="the context size"),
+    "n_predict": Num(True, 1, "n_ubatch", why="one block"),  # /infill
+    "temperature": Num(False, 0, 2),
+    "top_p": Num(False, 0, 1, lo_open=True),
+    "top_k": Num(True, 0, INT32_MAX),
+    "seed": Num(True, 0, SEED_MAX, why="the runtime's seed is 32 bits"),
+    "top_logprobs": Num(True, 0, MAX_TOP_CHAT),  # chat
+    "logprobs": Num(True, 0, MAX_TOP_COMPLETIONS),  # completions
+    "clover.block_size": Num(True, 1, "n_ubatch", why="the context's n_ubatch"),
+    "clover.steps": Num(True, 1, "block_size", why="the block size"),
+    "clover.threshold": Num(False, 0, 1, lo_open=True),
+}
+
+
+def _bound(b, limits: dict) -> float:
+    return limits[b] if isinstance(b, str) else b
+
+
+def describe(param: str, limits: dict) -> str:
+    n = NUMERIC[param]
+    lo, hi = _bound(n.lo, limits), _bound(n.hi, limits)
+    fmt = (lambda x: str(int(x))) if n.integer else (lambda x: f"{x:g}")
+    what = "an integer" if n.integer else "a number"
+    why = f" ({n.why})" if n.why else ""
+    return f"{what} in {'(' if n.lo_open else '['}{fmt(lo)}, {fmt(hi)}]{why}"
+
+
+def number(d: dict, key: str, limits: dict, param: str | None = None):
+    """d[key] checked against NUMERIC[param or key]: None when absent, an int or a float."""
+    v = d.get(key)
+    if v is None:
+        return None
+    p = param or key
+    n = NUMERIC[p]
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and (not n.integer or isinstance(v, int))
+    if ok:
+        lo, hi = _bound(n.lo, limits), _bound(n.hi, limits)
+        ok = math.isfinite(v) and (v > lo if n.lo_open else v >= lo) and v <= hi
+    if not ok:
+        raise FieldProblem(f"'{p}' must be {describe(p, limits)}, got {_short(v)}", p, "invalid_value")
+    return v if n.integer else float(v)
+
+
+# ----------------------------------------------------------------------------- the whole body
+
+
+def check_json(body, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Refuse a body nested deeper than max_depth, or holding a string (or key) that is not
+    valid Unicode (a lone surrogate from a \\ud800 escape), naming where."""
+    stack: list[tuple[object, int, tuple]] = [(body, 1, ())]
+    while stack:
+        v, depth, path = stack.pop()
+        if depth > max_depth:  # named by its top-level field (the full path is as long as the nesting)
+            p = _path(path[:1])
+            raise FieldProblem(f"'{p}' is nested deeper than {max_depth} levels", p, "invalid_json")
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        for k, x in items:
+            if isinstance(k, str):
+                _unicode(k, path + (k,))
+            if isinstance(x, str):
+                _unicode(x, path + (k,))
+            elif isinstance(x, dict | list):
+                stack.append((x, depth + 1, path + (k,)))
+
+
+def _unicode(s: str, path: tuple) -> None:
+    if s.isascii():
+        return
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        p = _path(path)
+        raise FieldProblem(
+            f"'{p}' is not valid Unicode: a lone surrogate (\\u{ord(s[e.start]):04x}) at character {e.start}",
+            p,
+            "invalid_encoding",
+        ) from None
+
+
+def _path(path: tuple) -> str:
+    out = ""
+    for k in path:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
+    return out
