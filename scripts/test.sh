@@ -10,3 +10,6 @@ python -m pytest -q "$@"
 # a bounded fuzz campaign on the runtime's and the Python side's GGUF loading (fails on a crash,
 # hang or unclean error; failing inputs land in out/fuzz-ci for tests/data/fuzz)
 python scripts/fuzz_gguf.py --iterations 300 --keep out/fuzz-ci
+# a bounded campaign of mutated requests against `clover-gguf serve` (about half a minute; fails
+# on a 5xx, hang, broken connection, death or traceback; failing requests land in out/fuzz-server-ci)
+python scripts/fuzz_server.py --requests 1500 --keep out/fuzz-server-ci

@@ -17,6 +17,9 @@ from . import bindings as B
 # what a request may make the server build: larger schemas and grammars are refused
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_GRAMMAR_BYTES = 1024 * 1024
+# optional properties of one object: llama.cpp's converter takes time that grows with about
+# their cube (256: 0.05 s, 800: 2 s, 3000: minutes, found by scripts/fuzz_server.py)
+MAX_OPTIONAL_PROPERTIES = 256
 
 # response_format json_object: any JSON object (OpenAI's JSON mode)
 JSON_OBJECT_SCHEMA = {"type": "object"}
@@ -50,6 +53,11 @@ def json_schema_to_grammar(schema: dict | bool | str) -> str:
     raw = text.encode("utf-8")
     if len(raw) > MAX_SCHEMA_BYTES:
         raise SchemaError(f"the schema has {len(raw)} bytes, more than {MAX_SCHEMA_BYTES}")
+    try:
+        _check_optional_properties(json.loads(text) if isinstance(schema, str) else schema)
+    except ValueError as e:  # JSONDecodeError: the converter says what is wrong
+        if isinstance(e, SchemaError):
+            raise
     fn = _converter()
     size = 1 << 16
     while True:
@@ -65,6 +73,24 @@ def json_schema_to_grammar(schema: dict | bool | str) -> str:
         why = " ".join(out.split())  # the converter's message spans lines
         raise SchemaError(why[:300])
     return out
+
+
+def _check_optional_properties(schema) -> None:
+    stack = [schema]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            props, req = v.get("properties"), v.get("required")
+            if isinstance(props, dict):
+                required = {r for r in req if isinstance(r, str)} if isinstance(req, list) else set()
+                n = len(set(props) - required)
+                if n > MAX_OPTIONAL_PROPERTIES:
+                    raise SchemaError(
+                        f"an object of the schema has {n} optional properties, more than {MAX_OPTIONAL_PROPERTIES}"
+                    )
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
 
 
 # GBNF tokens: strings, character classes and token references (which may hold anything),

@@ -447,11 +447,8 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
         return JSONResponse(error_body(str(e.detail), code=str(e.status_code)), status_code=e.status_code)
 
     @app.exception_handler(Exception)
-    async def _bug(request, e: Exception):  # never a bare 500 page: logged, and said as JSON
-        import traceback
-
+    async def _bug(request, e: Exception):  # a bug: said as JSON (uvicorn logs the traceback)
         http["server_errors"] += 1
-        traceback.print_exception(e)
         return JSONResponse(error_body(f"{type(e).__name__}: {e}", etype="server_error"), status_code=500)
 
     if config.api_key:

@@ -226,7 +226,8 @@ def number(d: dict, key: str, limits: dict, param: str | None = None):
     ok = isinstance(v, int | float) and not isinstance(v, bool) and (not n.integer or isinstance(v, int))
     if ok:
         lo, hi = _bound(n.lo, limits), _bound(n.hi, limits)
-        ok = math.isfinite(v) and (v > lo if n.lo_open else v >= lo) and v <= hi
+        # an int is compared as it is (10**400 has no float); a float must be finite
+        ok = (isinstance(v, int) or math.isfinite(v)) and (v > lo if n.lo_open else v >= lo) and v <= hi
     if not ok:
         raise FieldProblem(f"'{p}' must be {describe(p, limits)}, got {_short(v)}", p, "invalid_value")
     return v if n.integer else float(v)

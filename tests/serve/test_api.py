@@ -316,6 +316,11 @@ ISSUE26 = [
     ("negative seed", C, {"prompt": "x", "seed": -1}, "seed", "invalid_value"),
     ("max_tokens 2**63", C, {"prompt": "x", "max_tokens": 2**63}, "max_tokens", "invalid_value"),
     ("max_tokens 1e12", C, {"prompt": "x", "max_tokens": 1e12}, "max_tokens", "invalid_value"),
+    ("clover.steps 10**400", C, {"prompt": "x", "clover": {"steps": 10**400}}, "clover.steps", "invalid_value"),
+    ("infill n_predict 10**400", "/infill", {"input_prefix": "x", "n_predict": 10**400}, "n_predict", "invalid_value"),
+    ("a tool schema of 3000 optional properties", CH, {"messages": USER, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}}}}]},
+     "tools", None),
     ("temperature NaN", C, b'{"prompt": "x", "temperature": NaN}', None, "invalid_json"),
     ("top_p Infinity", C, b'{"prompt": "x", "top_p": Infinity}', None, "invalid_json"),
     ("threshold 0", C, {"prompt": "x", "clover": {"threshold": 0}}, "clover.threshold", "invalid_value"),
