@@ -58,7 +58,7 @@ def serve(
     if n_predict < 1:
         raise ValueError(f"--n-predict {n_predict}: must be >= 1")
     if not (math.isfinite(queue_timeout) and queue_timeout >= 0):
-        raise ValueError(f"--queue-timeout {queue_timeout}: must be a number of seconds >= 0 (0: no limit)")
+        raise ValueError(f"--queue-timeout {queue_timeout:g}: must be a number of seconds >= 0 (0: no limit)")
     if alias is not None and not alias.strip():
         raise ValueError("--alias: must not be empty")
     import torch

@@ -345,7 +345,10 @@ class Pending:
 
 def _job_error(ev: dict, con=None) -> BadRequest:
     """The error event of a job as the HTTP error: the request's grammar is the request's fault
-    (the engine marks it 400); anything else is the server's (500)."""
+    (the engine marks it 400), a job cancelled before it started has no client left to answer
+    (499, nginx's "client closed request"); anything else is the server's (500)."""
+    if ev.get("status") == 499:
+        return BadRequest(ev["message"], code="client_closed_request", status=499)
     if ev.get("status") == 400:
         param = {"json": "response_format", "tools": "tools"}.get(con.kind if con else "", "grammar")
         return BadRequest(ev["message"], param)
@@ -430,7 +433,7 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
 
     @app.exception_handler(BadRequest)
     async def _bad(request, e: BadRequest):
-        if e.status >= 500:
+        if e.status == 500:
             http["server_errors"] += 1
         return _err(e)
 
@@ -553,38 +556,7 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
         hist = lambda reply: cp.history(rt, reply)
         return await respond(request, cp.ids, s, "chat.completion", cp.thinking, [cp.n_hist], hist, cp.con)
 
-    @app.post("/apply-template")
-    async def apply_template(request: Request):
-        """llama-server's: the prompt a chat request renders to (tools included), not generated."""
-        body = await read(request, fields.CHAT)
-        cp = await asyncio.to_thread(prepare_chat, rt, body)
-        return {"prompt": cp.text}
-
-    @app.post("/tokenize")
-    async def tokenize_route(request: Request):
-        """llama-server's: `content` (a string), `add_special`, `parse_special`, `with_pieces`."""
-        body = await read(request, fields.TOKENIZE)
-        content = body.get("content", "")
-        if not isinstance(content, str):
-            raise BadRequest("'content' must be a string", "content")
-        add = bool(_opt_bool(body, "add_special"))
-        parse = _opt_bool(body, "parse_special") is not False
-        ids = await asyncio.to_thread(rt.tokenize, content, add, parse)
-        if not _opt_bool(body, "with_pieces"):
-            return {"tokens": ids}
-        return {"tokens": [{"id": t, "piece": _piece(rt.token_bytes(t))} for t in ids]}
-
-    @app.post("/detokenize")
-    async def detokenize_route(request: Request):
-        """llama-server's: `tokens` (ids) to `content`."""
-        body = await read(request, fields.DETOKENIZE)
-        toks = body.get("tokens", [])
-        if not isinstance(toks, list) or not all(_is_int(t) for t in toks):
-            raise BadRequest("'tokens' must be a list of token ids", "tokens")
-        bad = next((t for t in toks if not 0 <= t < rt.n_vocab), None)
-        if bad is not None:
-            raise BadRequest(f"token id {bad} in 'tokens' is outside the vocabulary [0, {rt.n_vocab})", "tokens")
-        return {"content": await asyncio.to_thread(rt.detokenize, toks)}
+    _add_text_routes(app, rt, read)
 
     @app.post("/infill")
     async def infill(request: Request):
@@ -611,7 +583,10 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
                 "input_suffix",
             )
         key = "n_predict" if body.get("n_predict") is not None else "max_tokens"
-        m = fields.number(body, key, {"n_ubatch": n_max}, "n_predict") or min(rt.default_block_size, n_max)
+        try:
+            m = fields.number(body, key, {"n_ubatch": n_max}, "n_predict") or min(rt.default_block_size, n_max)
+        except FieldProblem as e:  # max_tokens: llama-server's other name for n_predict here
+            raise BadRequest(str(e).replace("'n_predict'", f"'{key}'"), key, e.code) from None
         check_context(len(prefix) + m + len(suffix), "input_prefix")
         s = sampling({k: v for k, v in body.items() if k not in ("n_predict", "max_tokens")}, len(prefix), chat=False)
         block = [rt.mask_token_id] * m + suffix
@@ -688,6 +663,44 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
         }
 
     return app
+
+
+def _add_text_routes(app: FastAPI, rt, read) -> None:
+    """llama-server's /apply-template, /tokenize and /detokenize; `read(request, table)` reads
+    and checks a body."""
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request):
+        """llama-server's: the prompt a chat request renders to (tools included), not generated."""
+        body = await read(request, fields.CHAT)
+        cp = await asyncio.to_thread(prepare_chat, rt, body)
+        return {"prompt": cp.text}
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        """llama-server's: `content` (a string), `add_special`, `parse_special`, `with_pieces`."""
+        body = await read(request, fields.TOKENIZE)
+        content = body.get("content", "")
+        if not isinstance(content, str):
+            raise BadRequest("'content' must be a string", "content")
+        add = bool(_opt_bool(body, "add_special"))
+        parse = _opt_bool(body, "parse_special") is not False
+        ids = await asyncio.to_thread(rt.tokenize, content, add, parse)
+        if not _opt_bool(body, "with_pieces"):
+            return {"tokens": ids}
+        return {"tokens": [{"id": t, "piece": _piece(rt.token_bytes(t))} for t in ids]}
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request):
+        """llama-server's: `tokens` (ids) to `content`."""
+        body = await read(request, fields.DETOKENIZE)
+        toks = body.get("tokens", [])
+        if not isinstance(toks, list) or not all(_is_int(t) for t in toks):
+            raise BadRequest("'tokens' must be a list of token ids", "tokens")
+        bad = next((t for t in toks if not 0 <= t < rt.n_vocab), None)
+        if bad is not None:
+            raise BadRequest(f"token id {bad} in 'tokens' is outside the vocabulary [0, {rt.n_vocab})", "tokens")
+        return {"content": await asyncio.to_thread(rt.detokenize, toks)}
 
 
 def _piece(b: bytes) -> str | list[int]:

@@ -143,7 +143,7 @@ class Engine:
         def start(job: Job, seq: int) -> bool:
             if job.cancelled.is_set():
                 self.counters["cancelled"] += not job.timed_out
-                _send(job, {"type": "error", "message": "cancelled before it started"})
+                _send(job, {"type": "error", "message": "cancelled before it started", "status": 499})
                 return False
             try:
                 if job.cfg.grammar is not None:  # the request's fault: refused before it decodes

@@ -32,6 +32,8 @@ METRICS = [
     ("clover:requests_errors_total", "counter", "Requests that failed inside the engine", lambda s: s["errors"]),
     ("clover:requests_queue_timeout_total", "counter", "Requests refused (503) after waiting --queue-timeout",
      lambda s: s["queue_timeouts"]),
+    ("clover:server_errors_total", "counter", "HTTP 500 answers: faults of the server, never of a request",
+     lambda s: s["server_errors"]),
     ("clover:denoise_steps_total", "counter", "Denoising steps, summed over sequences", lambda s: s["sequence_steps"]),
     ("clover:positions_denoised_total", "counter", "Block positions generated (a last block may run past the end)",
      lambda s: s["generated_tokens"]),

@@ -183,6 +183,25 @@ def test_n_predict_ends_a_reply_with_length(server1, client1, rt, expect):
     assert r.choices[0].text == text
 
 
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--n-predict", "0"], "--n-predict 0: must be >= 1"),
+        (["--queue-timeout", "-1"], "--queue-timeout -1: must be a number of seconds >= 0"),
+        (["--queue-timeout", "nan"], "--queue-timeout nan: must be"),
+        (["--alias", " "], "--alias: must not be empty"),
+    ],
+)
+def test_serve_option_errors(tiny_gguf, args, msg):
+    from click.testing import CliRunner
+
+    from clover_gguf.cli import cli
+
+    r = CliRunner().invoke(cli, ["serve", str(tiny_gguf), *args])
+    assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
 # ----------------------------------------------------------------------------- model names
 
 
@@ -318,6 +337,8 @@ ISSUE26 = [
     ("max_tokens 1e12", C, {"prompt": "x", "max_tokens": 1e12}, "max_tokens", "invalid_value"),
     ("clover.steps 10**400", C, {"prompt": "x", "clover": {"steps": 10**400}}, "clover.steps", "invalid_value"),
     ("infill n_predict 10**400", "/infill", {"input_prefix": "x", "n_predict": 10**400}, "n_predict", "invalid_value"),
+    ("infill max_tokens past one block", "/infill", {"input_prefix": "x", "max_tokens": 10**6}, "max_tokens",
+     "invalid_value"),
     ("a tool schema of 3000 optional properties", CH, {"messages": USER, "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}}}}]},
      "tools", None),
