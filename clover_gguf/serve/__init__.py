@@ -61,6 +61,8 @@ def serve(
         raise ValueError(f"--queue-timeout {queue_timeout:g}: must be a number of seconds >= 0 (0: no limit)")
     if alias is not None and not alias.strip():
         raise ValueError("--alias: must not be empty")
+    if api_key is not None and not api_key.strip():  # an empty key would turn authentication off
+        raise ValueError("--api-key: empty; give a key, or leave the option out to serve without one")
     import torch
 
     # the generation loop's tensors are one block of logits: extra torch threads only contend
@@ -108,6 +110,10 @@ def serve(
         f"ctx-cache {ctx_cache}, queue timeout {f'{queue_timeout:g} s' if queue_timeout else 'none'}"
         f"{', API key required' if api_key else ''})",
     )
+    if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
+        log(
+            f"clover-gguf serve: warning: listening on {host} without --api-key: anyone who reaches the port can use it"
+        )
     if rt.rpc_servers:
         log(f"clover-gguf serve: RPC {', '.join(rt.rpc_servers)}: {placement_line(rt.placement)}")
     try:

@@ -190,6 +190,7 @@ def test_n_predict_ends_a_reply_with_length(server1, client1, rt, expect):
         (["--queue-timeout", "-1"], "--queue-timeout -1: must be a number of seconds >= 0"),
         (["--queue-timeout", "nan"], "--queue-timeout nan: must be"),
         (["--alias", " "], "--alias: must not be empty"),
+        (["--api-key", ""], "--api-key: empty"),
     ],
 )
 def test_serve_option_errors(tiny_gguf, args, msg):
