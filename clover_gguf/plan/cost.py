@@ -124,6 +124,7 @@ class Mat:
     nbytes: float
     qtype: str
     rows: int
+    moe: bool = False  # routed experts (MUL_MAT_ID)
 
 
 @dataclass
@@ -202,7 +203,7 @@ def forward_work(
                 w.host.setdefault(layer, []).append(HostTensor(n, e.nbytes, _qtype(e), e.shape[0], frac))
             else:
                 w.bytes_ += frac * e.nbytes
-                w.mats.append(Mat(frac * n, frac * e.nbytes, _qtype(e), T))
+                w.mats.append(Mat(frac * n, frac * e.nbytes, _qtype(e), T, moe=True))
         else:
             w.bytes_ += e.nbytes
             if len(e.shape) >= 2:
@@ -266,6 +267,8 @@ def mat_ms(m: Mat, dev: Device, kern: KernelTable) -> float:
     if m.qtype in FLOAT_TYPES or m.rows <= MMQ_MAX_ROWS_MMVQ:
         return m.nbytes / (kern.bw_fraction(m.qtype) * bw)
     rate = kern.mmq_rate(m.qtype, tile_rows(m.rows)) * dev.sm_ghz * 1e6  # weights per ms
+    if m.moe:
+        rate *= kern.moe_factor[0]
     return max(m.weights / rate, m.nbytes / (kern.bw_fraction("bf16") * bw))
 
 
@@ -283,7 +286,7 @@ def host_layer_ms(ts: list[HostTensor], w: Work, dev: Device, kern: KernelTable,
             runs = expected_runs(x.n_experts, x.frac)
             pad = runs * min(x.nbytes / x.n_experts, COPY_PADDING)
             t += runs * link.call_ms + (x.frac * x.nbytes + pad) / (link.gbs(dev.pcie_raw_gbs) * 1e6)
-            t += mat_ms(Mat(x.frac * x.weights, x.frac * x.nbytes, x.qtype, T), dev, kern)
+            t += mat_ms(Mat(x.frac * x.weights, x.frac * x.nbytes, x.qtype, T, moe=True), dev, kern)
         return t
     # the CPU computes them: the rows' activations go over and the results come back (T x d
     # float32 each way), two syncs, and the CPU's rate for routed experts (`plan --calibrate`)

@@ -81,6 +81,10 @@ MMVQ_BW = {  # quantized, <= 8 rows: batch-1 figures (nominal bits per weight of
     "q4_0": (0.657, "llama.cpp PR #15802 (RTX 3090, llama 8B Q4_0 4.5 bpw, batch 1: 156.56 t/s of 936 GB/s)"),
 }
 MMVQ_DEFAULT = "q4_0"
+# a MUL_MAT_ID tile costs what a dense tile of the same width costs: the same MMQ kernel walks
+# each touched expert's weights with the block's tile width (mmq.cu:299-304); no public
+# measurement isolates it, device_check.sh measures the ratio
+MOE_FACTOR = (1.0, "assumption: mmq.cu runs MUL_MAT_ID as dense tiles per touched expert")
 MMQ_MAX_ROWS_MMVQ = 8  # ggml-cuda mmvq.cuh: MMVQ_MAX_BATCH_SIZE
 
 
@@ -121,6 +125,7 @@ class KernelTable:
     mmq: dict[str, dict[int, tuple[float, str]]] = field(default_factory=_seed_mmq)
     float_bw: tuple[float, str] = FLOAT_BW
     mmvq_bw: dict[str, tuple[float, str]] = field(default_factory=lambda: dict(MMVQ_BW))
+    moe_factor: tuple[float, str] = MOE_FACTOR
     measured_on: str | None = None  # GPU name of a device_check run
     source: str = "seeded from published llama.cpp measurements (docs/plan.md)"
 
@@ -162,17 +167,28 @@ class KernelTable:
         k = d.get("kernels") if isinstance(d, dict) else None
         if not k or not k.get("mmq"):
             raise PlanError(f'{summary}: no "kernels" section (run scripts/device_check.sh with the kernels stage)')
+        try:
+            return cls.from_kernels(k, str(summary))
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanError(f'{summary}: "kernels" lacks or mangles {e}') from None
+
+    @classmethod
+    def from_kernels(cls, k: dict, where: str) -> KernelTable:
+        """device_check.py's kernels.json: G weights/s by type and rows on a GPU of k["sms"] SMs at
+        k["ghz"], bandwidth fractions; each replaces its seed."""
         t = cls()
         sm_ghz = float(k["sms"]) * float(k["ghz"])
         for qt, per in k["mmq"].items():
             for rows, gws in per.items():
-                t.mmq.setdefault(qt, {})[int(rows)] = (float(gws) / sm_ghz, f"measured on {k['gpu']}")
+                t.mmq.setdefault(qt.lower(), {})[int(rows)] = (float(gws) / sm_ghz, f"measured on {k['gpu']}")
         if k.get("float_bw"):
             t.float_bw = (float(k["float_bw"]), f"measured on {k['gpu']}")
         for qt, f in (k.get("mmvq_bw") or {}).items():
-            t.mmvq_bw[qt] = (float(f), f"measured on {k['gpu']}")
+            t.mmvq_bw[qt.lower()] = (float(f), f"measured on {k['gpu']}")
+        if k.get("moe_vs_dense"):
+            t.moe_factor = (float(k["moe_vs_dense"]), f"measured on {k['gpu']}")
         t.measured_on = k["gpu"]
-        t.source = f"measured on {k['gpu']} by scripts/device_check.sh ({summary})"
+        t.source = f"measured on {k['gpu']} by scripts/device_check.sh ({where})"
         return t
 
 
