@@ -273,7 +273,7 @@ def make_plan(
         "overhead": {**acct.to_dict(), "cuda_context_bytes": total - free},
         "curves": curves.source,
         "kl_label": "predicted" if same_model else "prior",
-        "fit": None if fit is None else {"budget_bytes": fit.budget, "table": fit.format()},
+        "fit": None if fit is None else {"budget_bytes": fit.budget, "table": fit.format(kl_head(same_model))},
         "calibration": f"{cpu.source}, {cpu.threads or '?'} thread(s)",
         "options": rows,
         "recommended": (recommended(rows) or {}).get("name"),
@@ -325,6 +325,10 @@ def _row(src, o: Option, free, n_seq, ram, dev, kern, cpu, routing, curves, out_
     }
 
 
+def kl_head(same_model: bool) -> str:
+    return "pred. KL" if same_model else "KL prior"
+
+
 def recommended(options: list[dict]) -> dict | None:
     """Least predicted KL among the options that keep every weight in VRAM (ties: the faster);
     when none fits in VRAM, the fastest split. Quality decides among in-VRAM options because
@@ -341,7 +345,7 @@ def recommended(options: list[dict]) -> dict | None:
 
 def format_plan(p: dict) -> str:
     dv, c, r = p["device"], p["config"], p["routing"]
-    kl_head = "pred. KL" if p["kl_label"] == "predicted" else "KL prior"
+    kl = kl_head(p["kl_label"] == "predicted")
     lines = [
         f"plan for {p['model']}: {c['layers']} layers, {c['experts']} experts top-{c['experts_per_tok']}, "
         f"block {c['block_size']}",
@@ -359,14 +363,14 @@ def format_plan(p: dict) -> str:
         f"routing: a {c['block_size']}-row block touches {100 * r['block_all_masked']:.0f} % of a layer's experts "
         f"when all rows are masked, {100 * r['block_commit']:.0f} % in a commit ({r['source']})",
         "",
-        f"{'option':<44} {'fits':<4} {'file':>10} {'bpw':>5} {'VRAM':>10} {'RAM':>10} "
-        f"{'tok/s@4':>8} {'tok/s@8':>8} {kl_head:>9}",
+        f"{'option':<50} {'fits':<4} {'file':>10} {'bpw':>5} {'VRAM':>10} {'RAM':>10} "
+        f"{'tok/s@4':>8} {'tok/s@8':>8} {kl:>9}",
     ]
     for x in p["options"]:
         kl = "" if x["kl_pred"] is None else f"{x['kl_pred']:9.5f}"
         vr = "-" if x["vram_bytes"] is None else fmt_bytes(x["vram_bytes"])
         lines.append(
-            f"{x['name']:<44} {'yes' if x['fits'] else 'no':<4} {fmt_bytes(x['file_bytes_est']):>10} "
+            f"{x['name']:<50} {'yes' if x['fits'] else 'no':<4} {fmt_bytes(x['file_bytes_est']):>10} "
             f"{x['bpw']:5.2f} {vr:>10} {fmt_bytes(x['ram_bytes']):>10} "
             f"{x['speed']['4']['tok_s']:8.1f} {x['speed']['8']['tok_s']:8.1f} {kl:>9}"
         )

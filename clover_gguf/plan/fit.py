@@ -147,13 +147,13 @@ class Fit:
     budget: int
     table: list[tuple[str, str, int, float]]  # group, type, bytes, KL
 
-    def format(self) -> str:
-        lines = [f"{'group':<16} {'type':<7} {'size':>11} {'pred. KL':>10}"]
+    def format(self, kl_head: str = "pred. KL") -> str:
+        lines = [f"{'group':<16} {'type':<7} {'size':>11} {kl_head:>10}"]
         for g, t, b, k in self.table:
             lines.append(f"{g:<16} {t:<7} {fmt_bytes(b):>11} {k:10.6f}")
         lines.append(
             f"total {fmt_bytes(self.tensor_bytes)} of tensors (file <= {fmt_bytes(self.file_bytes_max)}), "
-            f"budget {fmt_bytes(self.budget)}, predicted KL {self.kl:.6f}"
+            f"budget {fmt_bytes(self.budget)}, {kl_head} {self.kl:.6f}"
         )
         return "\n".join(lines)
 

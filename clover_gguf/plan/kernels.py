@@ -113,7 +113,7 @@ def _seed_mmq() -> dict[str, dict[int, tuple[float, str]]]:
         for j in (16, 32)
     }
     t["q6_k"][64] = (t["q6_k"][32][0] * q4[64][0] / q4[32][0], "as the 32-row value, scaled as q4_k's")
-    for qt in ("q5_k", "q8_0", "iq3_s", "q2_k", "q4_0"):
+    for qt in ("q5_k", "q8_0", "iq3_s"):
         t.setdefault(qt, {j: (q4[j][0], "no public anchor found: q4_k's value") for j in TILES})
     return t
 
