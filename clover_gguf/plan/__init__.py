@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..convert.plan import fmt_bytes
 from . import cost, vram
@@ -85,10 +84,14 @@ class Option:
     hidden_unless_fits: bool = False
 
 
-def _device(gpu: GPU | None, bandwidth: float | None, total: int | None) -> tuple[cost.Device, str, int]:
-    """(device, what was assumed, total VRAM bytes)."""
+def _device(
+    gpu: GPU | None, bandwidth: float | None, total: int | None, free: int | None
+) -> tuple[cost.Device, str, int]:
+    """(device, what was assumed, total VRAM bytes); without a GPU of the table, the card's size
+    (total, else the free memory given) picks the figures assumed."""
     note = ""
     if gpu is None:
+        total = total if total is not None else free
         if total is None:
             raise PlanError("give --gpu NAME, or --vram SIZE (the card's memory), or --free-vram SIZE")
         # an unknown card: the figures of the table's median-bandwidth card of the nearest size
@@ -220,7 +223,7 @@ def make_plan(
     as `run --fit` sees it (default: the card's total less a CUDA context); parallel: size the
     state and compute buffer for `serve --parallel N` (N + 1 sequences)."""
     g = find_gpu(gpu) if gpu else None
-    dev, dev_note, total = _device(g, bandwidth, vram_total if vram_total is not None else free)
+    dev, dev_note, total = _device(g, bandwidth, vram_total, free)
     free = free if free is not None else vram.plan_free_bytes(total)
     cfg = src.config
     n_seq = parallel + 1 if parallel else 1
@@ -402,7 +405,3 @@ def _footer(p: dict) -> list[str]:
         f"speed: {p['speed_label']} (GPU kernels {p['kernels']}); CPU terms: {p['calibration']}",
     ]
     return lines
-
-
-def curves_for(path: str | Path | None) -> Curves | None:
-    return Curves.load(path) if path else None
