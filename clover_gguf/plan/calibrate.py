@@ -196,16 +196,22 @@ def format_table(table: list[dict]) -> str:
 # ----------------------------------------------------------------------------- the CLI's calls
 
 
+def _is_device_summary(p) -> bool:
+    try:
+        d = json.loads(Path(p).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and ("kernels" in d or "stages" in d)
+
+
 def load_calibrations(paths) -> tuple[cost.CpuCalibration, KernelTable]:
     """--calibration files: a CPU calibration (--calibrate) and/or a device check summary.json
     (its "kernels"); the cache's CPU calibration and the seeded kernel table otherwise."""
     cpu, kern = None, None
     for p in paths:
-        try:
-            d = json.loads(Path(p).read_text())
-        except (OSError, ValueError) as e:
-            raise PlanError(f"{p}: not a calibration file ({e})") from None
-        if isinstance(d, dict) and ("kernels" in d or "stages" in d):
+        if not Path(p).is_file():
+            raise PlanError(f"--calibration {p}: no such file")
+        if _is_device_summary(p):
             kern = KernelTable.load(Path(p))
         else:
             cpu = cost.CpuCalibration.load(Path(p))
@@ -217,7 +223,10 @@ def command(calibrate_files, validate_files, calibrations, threads, as_json: boo
     from ..util import default_threads
 
     log = log or (lambda m: print(m, file=sys.stderr))
-    out = Path(calibrations[0]) if calibrations else cost.default_calibration_path()
+    mine = [Path(p) for p in calibrations if not _is_device_summary(p)]  # never write over a summary.json
+    if calibrations and not mine:
+        raise PlanError("--calibrate writes a CPU calibration: give it its own --calibration FILE")
+    out = mine[0] if mine else cost.default_calibration_path()
     th = threads or default_threads()
     lines = []
     if calibrate_files:
@@ -227,7 +236,7 @@ def command(calibrate_files, validate_files, calibrations, threads, as_json: boo
             f"{cal.gmacs:.2f} GMAC/s dense, {cal.gmacs_experts:.2f} GMAC/s experts ({th} threads)"
         )
     if validate_files:
-        tab = validate(validate_files, th, cost.CpuCalibration.load(out if calibrations else None))
+        tab = validate(validate_files, th, cost.CpuCalibration.load(out if mine else None))
         lines.append(json.dumps(tab, indent=1) if as_json else format_table(tab))
     return "\n".join(lines)
 

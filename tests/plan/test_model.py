@@ -84,6 +84,11 @@ def test_bad_device_summary_is_one_line(tmp_path):
         K.KernelTable.load(bad)
     r = CliRunner().invoke(cli, ["plan", "--shape", "clover-35b-a3b", "--gpu", "h200", "--calibration", str(bad)])
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "kernels" in r.output
+    # --calibrate never writes its CPU figures over a device summary
+    good = _summary(tmp_path)
+    before = good.read_text()
+    r = CliRunner().invoke(cli, ["plan", "--calibrate", str(good), "--calibration", str(good)])
+    assert r.exit_code != 0 and "its own --calibration" in r.output and good.read_text() == before
 
 
 def test_gpu_terms_by_type_and_rows():
