@@ -10,8 +10,8 @@ costs what llama.cpp's CUDA kernel for its type and rows costs (plan.kernels: MM
 weights and more than 8 rows, a bandwidth fraction otherwise), plus a fixed cost per pass and
 per layer. Experts kept in host memory (-ot ...=CPU) cost what the runtime as built does with
 them (ggml-backend.cpp, ggml-cuda.cu; docs/plan.md has the lines): with op offload (the default)
-and a batch of at least 32 rows, the scheduler reads the router's ids back (one sync per layer),
-copies only the experts they use, one cudaMemcpyAsync per run of consecutive expert ids, into a
+and a batch of at least 32 rows, the scheduler synchronises the GPU before each host tensor's
+split, reads the router's ids back (once per layer), copies only the experts they use, one cudaMemcpyAsync per run of consecutive expert ids, into a
 full-size GPU copy of the tensor, and the GPU computes them; pinned (--no-mmap) or pageable
 (mmap, the default) host memory sets the copy's rate and per-call cost. Without op offload
 (--no-op-offload), or below 32 rows, the CPU computes them (the CPU terms, on the user's CPU).
@@ -43,7 +43,11 @@ OP_OFFLOAD_MIN_BATCH = 32
 # the step these feed into
 GPU_STEP_OVERHEAD_MS = 1.0  # host sampling + graph launch + sync per pass
 GPU_LAYER_OVERHEAD_MS = 0.05  # Clover's non-matmul kernels per layer (delta rule, conv, norms)
-IDS_SYNC_MS = 0.02  # read the router's ids back to the host: one stream sync per host-expert layer
+# one GPU stream sync (or a small read back to the host). With one GPU the scheduler has no
+# events (they exist with pipeline parallelism only: ggml-backend.cpp:1921-1925,
+# llama-context.cpp:430-457), so it synchronises the GPU before it overwrites any split input
+# (ggml-backend.cpp:1702-1707): once per offloaded host tensor, plus the ids read (:1741-1745)
+SYNC_MS = 0.02
 # Host-to-device copies, NVlabs/cuda-oxide PR #976 (RTX 4090, PCIe 4.0 x16, 31.5 GB/s raw):
 # pinned 22.51 GB/s at 1 MiB, 23.9 at 16-64 MiB; pageable 13.73 at 1 MiB, 18.42 at 16 MiB.
 # As rate + cost per call: pinned 23.9 GB/s (0.76 of raw) + 2.7 us, pageable 18.4 GB/s
@@ -281,7 +285,7 @@ def host_layer_ms(ts: list[HostTensor], w: Work, dev: Device, kern: KernelTable,
     """One pass's cost of one layer whose routed experts sit in host memory."""
     T = w.rows
     if link.op_offload and T >= OP_OFFLOAD_MIN_BATCH:
-        t = IDS_SYNC_MS
+        t = (len(ts) + 1) * SYNC_MS
         for x in ts:
             runs = expected_runs(x.n_experts, x.frac)
             pad = runs * min(x.nbytes / x.n_experts, COPY_PADDING)
@@ -293,7 +297,7 @@ def host_layer_ms(ts: list[HostTensor], w: Work, dev: Device, kern: KernelTable,
     acts = 2 * T * w.hidden * 4
     touched = sum(x.frac * x.nbytes for x in ts)
     cpu_part = cpu.ms(0, touched, 0.0, w.host_layer_macs) - cpu.c0_ms
-    return 2 * IDS_SYNC_MS + acts / (link.gbs(dev.pcie_raw_gbs) * 1e6) + cpu_part
+    return 2 * SYNC_MS + acts / (link.gbs(dev.pcie_raw_gbs) * 1e6) + cpu_part
 
 
 def gpu_ms(w: Work, dev: Device, kern: KernelTable, link: HostLink, cpu: CpuCalibration) -> float:
