@@ -237,6 +237,7 @@ def test_vram_alone_states_the_card_assumed():
     r = CliRunner().invoke(cli, ["plan", "--shape", "clover-35b-a3b", "--vram", "16GiB"])
     assert r.exit_code == 0, r.output
     assert "an unknown 16.00 GiB card" in r.output and "GeForce RTX 4080" in r.output and "assumed" in r.output
+    assert "speed: predicted" in r.output and "KL prior" in r.output
     r = CliRunner().invoke(cli, ["plan", "--shape", "clover-35b-a3b", "--vram", "16GiB", "--bandwidth", "500"])
     assert r.exit_code == 0 and "500 GB/s" in r.output
 
