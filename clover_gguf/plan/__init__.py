@@ -191,10 +191,10 @@ def _commands(src: Source, o: Option, out_name: str) -> dict:
             run += ["-ot", cpu_layers_regex(o.cpu_layers)]
             cli += ["-ot", cpu_layers_regex(o.cpu_layers)]
         run += o.flags
+        cli += o.flags
     run += ["-p", "PROMPT"]
     cli += ["-p", "PROMPT"]
-    # llama-clover-cli has no --no-mmap / --no-op-offload yet (docs/plan.md: the C change)
-    return {"convert": conv, "run": shlex.join(run), "llama_clover_cli": None if o.flags else shlex.join(cli)}
+    return {"convert": conv, "run": shlex.join(run), "llama_clover_cli": shlex.join(cli)}
 
 
 def _speed(cfg, plan, cpu_set, time_fn, routing) -> dict:
