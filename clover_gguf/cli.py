@@ -119,6 +119,20 @@ MAX_BLOCK = 1024  # limits.py: diffusion.block_size
     "[default: on with -ngl unless -ot/--experts-on-cpu is given].",
 )
 @click.option(
+    "--op-offload/--no-op-offload",
+    default=True,
+    show_default=True,
+    help="Let the GPU compute batches of >= 32 rows on host-resident experts, copying the experts the "
+    "batch uses (llama.cpp's default); --no-op-offload keeps that work on the CPU (.gguf only; docs/plan.md).",
+)
+@click.option(
+    "--mmap/--no-mmap",
+    default=True,
+    show_default=True,
+    help="Map the GGUF (llama.cpp's default); --no-mmap loads it, which puts host-resident experts in pinned "
+    "memory that copies to the GPU faster (.gguf only).",
+)
+@click.option(
     "--dtype",
     type=click.Choice(["float32", "bfloat16"]),
     default="float32",
@@ -152,6 +166,8 @@ def run_cmd(
     experts_on_cpu,
     override_tensor,
     fit,
+    op_offload,
+    mmap,
     dtype,
     rpc,
     as_json,
@@ -198,6 +214,8 @@ def run_cmd(
             dtype=dtype,
             rpc=rpc,
             fit=fit,
+            op_offload=op_offload,
+            mmap=mmap,
             log=lambda m: click.echo(m, err=True),
         )
     except (ValueError, ConfigError, RuntimeError_, RuntimeNotBuilt) as e:
@@ -440,10 +458,13 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
 @cli.command("plan")
 @click.argument("model", required=False, type=click.Path())
 @click.option("--shape", help="Plan for a preset's shapes instead of a model (clover-35b-a3b, clover-tiny).")
-@click.option("--vram", help="GPU memory, e.g. 16GiB [default: the --gpu's].")
+@click.option("--vram", help="The card's memory, e.g. 16GiB [default: the --gpu's]; without --gpu, the GPU table's "
+              "figures of a card that size are assumed (and said).")  # fmt: skip
+@click.option("--free-vram", help="Free VRAM as `run --fit` sees it (after the CUDA context), instead of --vram.")
 @click.option("--ram", help="Host memory for CPU-resident experts, e.g. 64GiB.")
 @click.option("--gpu", help="A GPU of the table (`--gpus` lists them), e.g. rtx5070ti.")
-@click.option("--bandwidth", type=Finite(1, 1e5), help="GPU memory bandwidth in GB/s (instead of --gpu).")
+@click.option("--bandwidth", type=Finite(1, 1e5), help="GPU memory bandwidth in GB/s (overrides the table's).")
+@click.option("--parallel", type=click.IntRange(1, 64), help="Size the state and buffers for `serve --parallel N`.")
 @click.option(
     "--context", type=click.IntRange(1, 1 << 24), help="Context length (Clover's state does not grow with it)."
 )
@@ -452,13 +473,20 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
     "--write-recipe", type=click.Path(dir_okay=False), help="Write the fit recipe (types, convert options) as JSON."
 )
 @click.option("--curves", type=click.Path(exists=True, file_okay=False), help="Sensitivity curves folder.")
-@click.option("--calibration", type=click.Path(dir_okay=False), help="CPU calibration JSON [default: the cache's].")
+@click.option(
+    "--calibration",
+    "calibrations",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A CPU calibration (from --calibrate) [default: the cache's], or a GPU one: scripts/device_check.sh's "
+    "summary.json. Repeatable.",
+)
 @click.option(
     "--calibrate",
     "calibrate_files",
     multiple=True,
     type=click.Path(),
-    help="Measure this machine on these GGUFs and write --calibration.",
+    help="Measure this machine's CPU on these GGUFs and write --calibration.",
 )
 @click.option(
     "--validate",
@@ -470,67 +498,50 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
 @click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads for --calibrate/--validate.")
 @click.option("--gpus", "list_gpus", is_flag=True, help="List the GPU table and exit.")
 def plan_cmd(
-    model, shape, vram, ram, gpu, bandwidth, context, as_json, write_recipe, curves, calibration,
+    model, shape, vram, free_vram, ram, gpu, bandwidth, parallel, context, as_json, write_recipe, curves, calibrations,
     calibrate_files, validate_files, threads, list_gpus,
 ):  # fmt: skip
-    """Options that fit a GPU: recipe, exact sizes, VRAM/RAM placement, predicted tok/s at 4
-    and 8 tokens per step, predicted KL, and the convert/run lines. docs/plan.md.
+    """Options that fit a GPU: recipe, exact sizes, the VRAM/RAM placement `run --fit` makes,
+    predicted tok/s at 4 and 8 tokens per step, a KL prior, and the convert/run lines. docs/plan.md.
 
     \b
     clover-gguf plan --shape clover-35b-a3b --gpu rtx5070ti
-    clover-gguf plan models/clover-tiny --vram 16GiB --bandwidth 896 --json
-    clover-gguf plan --calibrate out/tiny.gguf --calibrate out/c35-1l.gguf
+    clover-gguf plan models/clover-tiny --vram 16GiB --json
+    clover-gguf plan model.gguf --free-vram 14GiB --gpu rtx4080
+    clover-gguf plan --calibrate out/tiny.gguf --calibrate out/c35-1l.gguf -t 8
+    clover-gguf plan --shape clover-35b-a3b --gpu h200 --calibration out/device-check/summary.json
     """
     import json as _json
-    from pathlib import Path
 
     from .plan import PlanError, format_plan, make_plan
     from .plan import calibrate as C
-    from .plan.cost import CpuCalibration, default_calibration_path
     from .plan.fit import Curves
     from .plan.gpus import table
     from .plan.sizes import open_source, parse_size
-    from .util import default_threads
 
     try:
         if list_gpus:
             click.echo(table())
             return
-        cal_path = Path(calibration) if calibration else None
-        th = threads or default_threads()
-        if calibrate_files:
-            cal = C.calibrate(
-                calibrate_files, th, cal_path or default_calibration_path(), log=lambda m: click.echo(m, err=True)
-            )
-            click.echo(f"wrote {cal_path or default_calibration_path()}: c0 {cal.c0_ms:.3f} ms, {cal.c_layer_ms:.3f} ms/layer, "
-                       f"{cal.bw_gbs:.2f} GB/s, {cal.gmacs:.2f} GMAC/s dense, {cal.gmacs_experts:.2f} GMAC/s experts")  # fmt: skip
-        if validate_files:
-            tab = C.validate(validate_files, th, CpuCalibration.load(cal_path))
-            click.echo(_json.dumps(tab, indent=1) if as_json else C.format_table(tab))
         if calibrate_files or validate_files:
+            click.echo(C.command(calibrate_files, validate_files, calibrations, threads, as_json))
             return
-        src = open_source(model, shape)
+        cpu, kern = C.load_calibrations(calibrations)
         p = make_plan(
-            src,
-            vram=parse_size(vram, "--vram") if vram else None,
+            open_source(model, shape),
+            vram_total=parse_size(vram, "--vram") if vram else None,
             ram=parse_size(ram, "--ram") if ram else None,
             gpu=gpu,
             bandwidth=bandwidth,
             context=context,
             curves=Curves.load(curves) if curves else None,
-            calibration=CpuCalibration.load(cal_path),
+            calibration=cpu,
+            kernels=kern,
+            free=parse_size(free_vram, "--free-vram") if free_vram else None,
+            parallel=parallel,
         )
         if write_recipe:
-            fit = p["fit"]
-            if fit is None:
-                raise PlanError("no fit recipe fits this VRAM")
-            opt = next(o for o in p["options"] if o["kind"] == "fit")
-            Path(write_recipe).write_text(
-                _json.dumps(
-                    {"budget_bytes": fit["budget_bytes"], "types": opt["types"], "convert": opt["convert"]}, indent=1
-                )
-                + "\n"
-            )
+            C.write_recipe(p, write_recipe)
         click.echo(_json.dumps(p, indent=1) if as_json else format_plan(p))
     except (PlanError, ValueError) as e:
         raise click.ClickException(str(e)) from None
@@ -552,6 +563,20 @@ def plan_cmd(
     default=None,
     help="Keep as many leading layers' routed experts in CPU memory as the free VRAM needs "
     "[default: on with -ngl unless --experts-on-cpu].",
+)
+@click.option(
+    "--op-offload/--no-op-offload",
+    default=True,
+    show_default=True,
+    help="Let the GPU compute batches of >= 32 rows on host-resident experts, copying the experts the "
+    "batch uses (llama.cpp's default); --no-op-offload keeps that work on the CPU.",
+)
+@click.option(
+    "--mmap/--no-mmap",
+    default=True,
+    show_default=True,
+    help="Map the GGUF (llama.cpp's default); --no-mmap loads it, which puts host-resident experts in pinned "
+    "memory that copies to the GPU faster.",
 )
 @click.option("-t", "--threads", type=int, help="CPU threads.")
 @click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="Require this key (Bearer) on every route but /health.")
@@ -585,22 +610,9 @@ def plan_cmd(
     help="Seconds a request may wait for a free sequence before a 503 (0: no limit) [default: 300].",
 )
 def serve_cmd(
-    model,
-    host,
-    port,
-    n_gpu_layers,
-    experts_on_cpu,
-    fit,
-    threads,
-    api_key,
-    parallel,
-    ctx_cache,
-    ctx_size,
-    rpc,
-    n_predict,
-    alias,
-    queue_timeout,
-):
+    model, host, port, n_gpu_layers, experts_on_cpu, fit, op_offload, mmap, threads, api_key, parallel, ctx_cache,
+    ctx_size, rpc, n_predict, alias, queue_timeout,
+):  # fmt: skip
     """OpenAI-compatible server for a Clover GGUF: /v1/completions and /v1/chat/completions
     (SSE streaming, one event per committed block), /v1/models, /health, /props, /metrics, and
     llama-server's /infill, /tokenize, /detokenize, /apply-template. A turn that extends an
@@ -631,6 +643,8 @@ def serve_cmd(
             ctx_cache=ctx_cache,
             ctx_size=ctx_size,
             rpc=rpc,
+            op_offload=op_offload,
+            mmap=mmap,
             n_predict=n_predict,
             alias=alias,
             queue_timeout=queue_timeout,

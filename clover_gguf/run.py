@@ -90,9 +90,12 @@ def run(
     rpc: str | None = None,
     fit: bool | None = None,
     log=None,
+    op_offload: bool = True,
+    mmap: bool = True,
 ) -> RunOutput:
     """Generate a completion. `model` is a safetensors model folder or a .gguf file. `rpc`:
-    llama.cpp RPC servers 'HOST:PORT[,...]' that -ngl layers are offloaded to (.gguf only)."""
+    llama.cpp RPC servers 'HOST:PORT[,...]' that -ngl layers are offloaded to (.gguf only).
+    op_offload/mmap: llama.cpp's --no-op-offload / --no-mmap (.gguf only; docs/plan.md)."""
     model = Path(model)
     if prompt is None and prompt_ids is None:
         raise ValueError("give a prompt or prompt ids")
@@ -116,7 +119,7 @@ def run(
         # --fit: the leading layers' experts that must stay in CPU memory for the rest to fit
         explicit = bool(override_tensor) or experts_on_cpu
         log = log or (lambda m: print(m, file=sys.stderr))
-        ot = fit_overrides(model, n_gpu_layers, fit, explicit, log=log, rpc=bool(rpc))
+        ot = fit_overrides(model, n_gpu_layers, fit, explicit, log=log, rpc=bool(rpc), op_offload=op_offload)
         cpu_tensors += [parse_override(s) for s in ot]
         rt = CloverRuntime(
             model,
@@ -125,6 +128,8 @@ def run(
             experts_on_cpu=experts_on_cpu,
             cpu_tensors=cpu_tensors,
             rpc_servers=rpc,
+            op_offload=op_offload,
+            mmap=mmap,
         )
         check_request(prompt, None, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
         text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt

@@ -1,8 +1,12 @@
 #!/usr/bin/env python
-"""The Python stages of scripts/device_check.sh (see there): parity, speed, summary.
+"""The Python stages of scripts/device_check.sh (see there): parity, kernels, memory, speed,
+split, summary.
 
 python scripts/device_check.py parity  --out DIR --mode gpu|dry
+python scripts/device_check.py kernels --out DIR --mode gpu|dry --bin BUILD/bin --ggml-h PATH/ggml.h
+python scripts/device_check.py memory  --out DIR --mode gpu|dry --layers 40
 python scripts/device_check.py speed   --out DIR --mode gpu|dry --layers 40 --threads 16
+python scripts/device_check.py split   --out DIR --mode gpu|dry --layers 40 --threads 16
 python scripts/device_check.py summary --out DIR --mode gpu|dry --seconds S
 """
 
@@ -13,6 +17,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -81,6 +86,258 @@ def parity(out: Path, mode: str) -> dict:
     res["35b-1-layer"] = _pair(wide, 0, ngl_b, 2 if mode == "dry" else 8, list(range(300, 300 + 70)), 32)
     log("35b-1-layer", res["35b-1-layer"])
     (out / "parity.json").write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
+# ----------------------------------------------------------------------------- kernels
+# The plan's GPU terms (clover_gguf/plan/kernels.py) measured on this GPU: test-backend-ops perf
+# on dense MUL_MATs of every type Clover's recipes use at 1-64 rows (a --test-file of generic
+# ops, so the shapes and types are ours), and upstream's MUL_MAT_ID perf cases (128 experts,
+# top-8, random routing) for the MoE / dense ratio. The result is summary.json's "kernels",
+# which `clover-gguf plan --calibration summary.json` reads.
+
+KERNEL_TYPES = ("f16", "bf16", "q8_0", "q6_K", "q5_K", "q4_K", "iq4_xs", "q3_K", "iq3_s", "iq2_s")
+KERNEL_ROWS = (1, 8, 16, 32, 64)
+
+
+def _ggml_op_index(ggml_h: Path, name: str) -> int:
+    body = ggml_h.read_text().split("enum ggml_op {", 1)[1].split("GGML_OP_COUNT,", 1)[0]
+    return re.findall(r"\b(GGML_OP_[A-Z0-9_]+)\b", body).index(name)
+
+
+def _kernel_file(path: Path, ggml_h: Path, m: int, k: int, types=KERNEL_TYPES, rows=KERNEL_ROWS) -> dict:
+    """A test-backend-ops --test-file of MUL_MAT(W[k, m] of each type, X[k, n] f32) ops; returns
+    name -> (type, rows, weights, bytes)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    op = _ggml_op_index(ggml_h, "GGML_OP_MUL_MAT")
+    lines, cases = [], {}
+    for t in types:
+        qt = GGMLQuantizationType[t.upper()]
+        blk, ts = GGML_QUANT_SIZES[qt]
+        row = k // blk * ts
+        for n in rows:
+            name = f"clover_{t}_n{n}"
+            src0 = f"{int(qt)} {k} {m} 1 1 {ts} {row} {row * m} {row * m}"
+            src1 = f"0 {k} {n} 1 1 4 {4 * k} {4 * k * n} {4 * k * n}"
+            lines.append(f"{op} 0 {m} {n} 1 1 0 2 {src0} {src1} {name}")
+            cases[name] = (t.lower(), n, m * k, row * m)
+    path.write_text("\n".join(lines) + "\n")
+    return cases
+
+
+def _perf_times(text: str) -> dict[str, float]:
+    """test-backend-ops perf console lines -> {params: us per run}."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*([A-Z_]+)\((.*)\):\s+\d+ runs -\s+([\d.]+) us/run", line)
+        if m:
+            out[f"{m.group(1)}({m.group(2)})"] = float(m.group(3))
+    return out
+
+
+def _gpu_props(mode: str) -> dict:
+    """name, SMs, boost GHz, vendor bandwidth: CUDA's own figures, the plan's GPU table for the
+    bandwidth (the driver does not report it)."""
+    from clover_gguf.plan.gpus import GPUS
+
+    name, sms, ghz = "CPU (dry run)", 1, 1.0
+    if mode == "gpu":
+        import ctypes
+
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True).stdout.splitlines()[0].strip()  # fmt: skip
+        rt = ctypes.CDLL("libcudart.so")
+        v = ctypes.c_int(0)
+        rt.cudaDeviceGetAttribute(ctypes.byref(v), 16, 0)  # cudaDevAttrMultiProcessorCount
+        sms = v.value
+        rt.cudaDeviceGetAttribute(ctypes.byref(v), 13, 0)  # cudaDevAttrClockRate, kHz
+        ghz = v.value / 1e6
+    norm = re.sub("[^a-z0-9]", "", name.lower())
+    hits = [g for g in GPUS.values() if g.key.replace("-", "") in norm] or [
+        g for g in GPUS.values() if g.key.split("-")[0] in norm
+    ]
+    key = max(hits, key=lambda g: len(g.key)) if hits else None
+    return {"gpu": name, "sms": sms, "ghz": ghz, "bandwidth_gbs": key.bandwidth_gbs if key else None,
+            "table_entry": key.key if key else None}  # fmt: skip
+
+
+def kernels(out: Path, mode: str, bin_dir: Path, ggml_h: Path) -> dict:
+    exe = bin_dir / "test-backend-ops"
+    backend = "CUDA0" if mode == "gpu" else "CPU"
+    m, k = (14336, 4096) if mode == "gpu" else (256, 256)
+    types, rows = (KERNEL_TYPES, KERNEL_ROWS) if mode == "gpu" else (("bf16", "q4_K", "iq2_s"), (1, 32))
+    cases = _kernel_file(out / "kernel-cases.txt", ggml_h, m, k, types, rows)
+    r = subprocess.run([str(exe), "perf", "-b", backend, "--test-file", str(out / "kernel-cases.txt")],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    (out / "kernels-dense.log").write_text(r.stdout + r.stderr)
+    times = _perf_times(r.stdout)
+    props = _gpu_props(mode)
+    bw = props["bandwidth_gbs"]
+    dense: dict[str, dict[int, float]] = {}
+    mmq: dict[str, dict[str, float]] = {}
+    bwf: dict[str, float] = {}
+    for key, us in times.items():
+        name = re.search(r"name=(clover_\w+?_n\d+)", key)
+        if not name or name.group(1) not in cases:
+            continue
+        t, n, weights, nbytes = cases[name.group(1)]
+        dense.setdefault(t, {})[n] = us
+        if bw and ((t in ("f16", "bf16") and n == 32) or (t not in ("f16", "bf16") and n == 1)):
+            bwf[t] = nbytes / (us * 1e3) / bw  # bandwidth-bound regimes: a fraction of the vendor figure
+        if t not in ("f16", "bf16") and n >= 16:
+            mmq.setdefault(t, {})[str(n)] = weights / (us * 1e3)  # G weights/s
+    # upstream's MoE perf cases: 128 experts, top-8, m=768, k=2048, random routing
+    moe = {}
+    if mode == "gpu":
+        r = subprocess.run([str(exe), "perf", "-b", backend, "-o", "MUL_MAT_ID",
+                            "-p", "n_mats=128,n_used=8,b=0,m=768,n=(8|16|32|64),k=2048"],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+        (out / "kernels-moe.log").write_text(r.stdout + r.stderr)
+        for key, us in _perf_times(r.stdout).items():
+            mt = re.match(r"MUL_MAT_ID\(type_a=(\w+),type_b=f32,n_mats=128,n_used=8,b=0,m=768,n=(\d+),k=2048", key)
+            if mt:
+                n = int(mt.group(2))
+                touched = 128 * (1 - (1 - 8 / 128) ** n)
+                moe.setdefault(mt.group(1).lower(), {})[str(n)] = touched * 768 * 2048 / (us * 1e3)
+    ratios = [moe[t][j] / mmq[t][j] for t in moe for j in moe[t] if j in mmq.get(t, {})]
+    res = {
+        **props,
+        "mmq": mmq,  # type -> rows -> G weights/s (dense, m=14336 k=4096)
+        "float_bw": bwf.get("bf16"),
+        "mmvq_bw": {t: f for t, f in bwf.items() if t not in ("f16", "bf16")},
+        "moe_gws": moe,
+        "moe_vs_dense": statistics.median(ratios) if ratios else None,
+        "dense_us": dense,
+        "shape": {"m": m, "k": k},
+    }
+    (out / "kernels.json").write_text(json.dumps(res, indent=1) + "\n")
+    log(
+        "kernels:",
+        {t: v.get("32") for t, v in mmq.items()},
+        "float_bw",
+        res["float_bw"],
+        "moe/dense",
+        res["moe_vs_dense"],
+    )
+    return res
+
+
+# ----------------------------------------------------------------------------- memory, split
+
+
+def _synth(out: Path, layers: int) -> Path:
+    from clover_gguf.config import preset
+    from clover_gguf.gguf_io.synth import write_synthetic_gguf
+
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    gguf = work / f"clover-35b-a3b-{layers}l-q4_k_m.gguf"
+    if not gguf.exists():
+        write_synthetic_gguf(gguf, preset("clover-35b-a3b"), layers=layers, recipe="q4_k_m", progress=False)
+    return gguf
+
+
+def _smi_used_mib() -> int | None:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=10)  # fmt: skip
+        return int(r.stdout.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def memory(out: Path, mode: str, layers: int) -> dict:
+    """What llama.cpp puts on the GPU for the full-depth q4_k_m synthetic at -ngl 99 against the
+    plan's VRAM account (clover_gguf/plan/vram.py): the CUDA context (memory used before any
+    process of ours vs free after ggml created its context), and the model, memory (state) and
+    compute buffers llama.cpp reports."""
+    from clover_gguf.plan import vram as V
+    from clover_gguf.plan.placement import gguf_bytes, gpu_devices
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    gguf = _synth(out, layers)
+    used0 = _smi_used_mib() if mode == "gpu" else None
+    devs = gpu_devices()
+    res: dict = {"gguf": gguf.name, "devices_after_context": [d.__dict__ for d in devs]}
+    if devs and used0 is not None:
+        res["cuda_context_mib"] = (devs[0].total - devs[0].free) / 2**20 - used0
+    with CloverRuntime(gguf, n_threads=4, n_gpu_layers=99 if mode == "gpu" else 0, n_ctx=4096) as rt:
+        res["buffers_mib"] = rt.placement.get("buffers")
+        res["n_ubatch"] = rt.n_ubatch
+        res["devices_after_load"] = [d.__dict__ for d in gpu_devices()]
+    experts, other, cfg = gguf_bytes(gguf, 99)
+    acct = V.account(cfg, 1)
+    res["account_mib"] = {
+        "weights": (sum(sum(t) for t in experts.values()) + other) / 2**20,
+        **{k: v / 2**20 for k, v in acct.to_dict().items()},
+    }
+    (out / "memory.json").write_text(json.dumps(res, indent=1) + "\n")
+    log("memory:", res)
+    return res
+
+
+def _one_layer_out(gguf: Path) -> int:
+    """Free VRAM for which the shared rule moves exactly the first layer's experts to the host."""
+    from clover_gguf.plan import vram as V
+    from clover_gguf.plan.placement import gguf_bytes
+
+    experts, other, cfg = gguf_bytes(gguf, 99)
+    acct = V.account(cfg, 1, host_tensor_max=max(max(t) for t in experts.values()))
+    return sum(sum(t) for t in experts.values()) + other + acct.overhead + acct.offload_copy - sum(experts[0])
+
+
+def split(out: Path, mode: str, layers: int, threads: int) -> dict:
+    """The 16 GB placement (the shared rule: what `run --fit` picks on a 16 GiB card) timed with
+    the three ways the runtime can treat host experts, next to the plan's prediction for them."""
+    from clover_gguf.plan import cpu_layers_regex, make_plan
+    from clover_gguf.plan.kernels import KernelTable
+    from clover_gguf.plan.sizes import open_source
+
+    gguf = _synth(out, layers)
+    gpu = _gpu_props(mode)["table_entry"] or "rtx4080"
+    kj = out / "kernels.json"
+    kern = KernelTable.from_kernels(json.loads(kj.read_text()), str(kj)) if kj.exists() else None
+    # the placement a 16 GiB card gets (dry run: one layer's experts out), the speed terms of this GPU
+    free = 16 * 2**30 - (300 << 20) if mode == "gpu" else _one_layer_out(gguf)
+    plan = make_plan(open_source(str(gguf)), vram_total=16 * 2**30, free=free, gpu=gpu, kernels=kern)
+    rows = {r["name"]: r for r in plan["options"]}
+    res: dict = {"free_bytes": plan["device"]["free_bytes"], "gpu_terms": plan["speed_label"], "runs": {}}
+    from clover_gguf.run import run
+
+    variants = {
+        "op offload, pageable": {},
+        "op offload, pinned": {"mmap": False},
+        "CPU computes": {"op_offload": False},
+    }
+    for variant, kw in variants.items():
+        row = rows.get(f"this file, split ({variant})")
+        if row is None:
+            continue
+        ot = [cpu_layers_regex(row["cpu_expert_layers"])]
+        t0 = time.perf_counter()
+        try:
+            o = run(
+                gguf,
+                prompt_ids=list(range(300, 364)),
+                max_new_tokens=64,
+                steps=8,
+                block_size=32,
+                threads=threads,
+                n_gpu_layers=99 if mode == "gpu" else 0,
+                override_tensor=ot,
+                fit=False,
+                log=log,
+                **kw,
+            ).to_dict()
+            got, err = o["gen_tokens_per_s"], None
+        except Exception as e:  # noqa: BLE001 - recorded, the other variants still run
+            got, err = None, f"{type(e).__name__}: {e}"
+        res["runs"][variant] = {"error": err, "cpu_layers": row["cpu_expert_layers"], "gen_tok_s": got,
+                                "wall_s": time.perf_counter() - t0, "plan_tok_s_at_4": row["speed"]["4"]["tok_s"],
+                                "plan_tok_s_at_8": row["speed"]["8"]["tok_s"]}  # fmt: skip
+    (out / "split.json").write_text(json.dumps(res, indent=1) + "\n")
+    log("split:", res)
     return res
 
 
@@ -224,6 +481,9 @@ def summary(out: Path, mode: str, seconds: int) -> None:
         "ops": ops,
         "parity": load("parity.json"),
         "speed": load("speed.json"),
+        "kernels": load("kernels.json"),
+        "memory": load("memory.json"),
+        "split": load("split.json"),
     }
     (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     L = [f"# device check ({mode})", "", f"- GPU: {s['gpu']}", f"- wall time: {seconds} s", "", "## Stages", ""]
@@ -273,24 +533,58 @@ def summary(out: Path, mode: str, seconds: int) -> None:
             ]
         if sp.get("passes_error"):
             L += ["", f"passes: {sp['passes_error']}"]
+    L += _summary_plan_terms(s)
     (out / "summary.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
 
 
+def _summary_plan_terms(s: dict) -> list[str]:
+    """The figures `clover-gguf plan --calibration summary.json` takes, and the checks of its model."""
+    L = []
+    k = s.get("kernels")
+    if k:
+        L += ["", f"## Kernels on {k['gpu']} ({k['sms']} SMs, {k['ghz']:.3f} GHz): G weights/s, dense", ""]
+        L += [f"- {t}: " + ", ".join(f"{n} rows {v:.0f}" for n, v in sorted(per.items(), key=lambda x: int(x[0])))
+              for t, per in sorted(k["mmq"].items())]  # fmt: skip
+        L.append(f"- bf16 bandwidth fraction at 32 rows: {k['float_bw']}; MoE / dense per weight: {k['moe_vs_dense']}")
+    m = s.get("memory")
+    if m:
+        L += [
+            "",
+            f"## VRAM: llama.cpp's buffers vs the plan's account (MiB): {m.get('buffers_mib')} vs {m.get('account_mib')}",
+        ]
+        if "cuda_context_mib" in m:
+            L.append(f"- CUDA context: {m['cuda_context_mib']:.0f} MiB (the plan assumes 300)")
+    sp = s.get("split")
+    if sp:
+        L += ["", "## 16 GB split: measured vs predicted tok/s (steps 8 = 4 tokens a step)", ""]
+        L += [f"- {v}: {r['gen_tok_s']} measured, {r['plan_tok_s_at_4']} predicted, {len(r['cpu_layers'])} layers"
+              for v, r in sp["runs"].items()]  # fmt: skip
+    return L
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=["parity", "speed", "summary"])
+    ap.add_argument("stage", choices=["parity", "kernels", "memory", "speed", "split", "summary"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--mode", choices=["gpu", "dry"], required=True)
     ap.add_argument("--layers", type=int, default=40)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--seconds", type=int, default=0)
+    ap.add_argument("--bin", type=Path, help="the build's bin/ (kernels)")
+    ap.add_argument("--ggml-h", type=Path, help="the built tree's ggml/include/ggml.h (kernels)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stage == "parity":
         parity(a.out, a.mode)
+    elif a.stage == "kernels":
+        kernels(a.out, a.mode, a.bin, a.ggml_h)
+    elif a.stage == "memory":
+        memory(a.out, a.mode, a.layers)
     elif a.stage == "speed":
         speed(a.out, a.mode, a.layers, a.threads)
+    elif a.stage == "split":
+        split(a.out, a.mode, a.layers, a.threads)
     else:
         summary(a.out, a.mode, a.seconds)
 

@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # The one GPU check: build the CUDA runtime for the GPU present, run the ops Clover's graph uses
 # through test-backend-ops (CUDA vs CPU), test-clover on CUDA, CUDA-vs-CPU parity (clover-tiny and
-# a 1-layer full-width synthetic), then speed at full depth (a 40-layer synthetic Clover-35B-A3B
-# at q4_k_m, -ngl 99, and with exactly what a 16 GB card holds on the GPU), side by side with
-# llama.cpp's own passes. Writes $OUT/summary.json and $OUT/summary.md. Leaves nothing running.
+# a 1-layer full-width synthetic), the plan's GPU terms (matmul rates by type and rows, and
+# llama.cpp's VRAM buffers against the plan's account), then speed at full depth (a 40-layer
+# synthetic Clover-35B-A3B at q4_k_m, -ngl 99, and with exactly what a 16 GB card holds on the
+# GPU), side by side with llama.cpp's own passes; optionally (split) that 16 GB placement timed
+# with op offload from pageable and pinned memory and with --no-op-offload against the plan's
+# prediction. Writes $OUT/summary.json (`clover-gguf plan --calibration summary.json` reads its
+# "kernels") and $OUT/summary.md. Leaves nothing running.
 #
 #   scripts/device_check.sh --prepare        # here: pack what the GPU machine needs into .device/
-#   scripts/device_check.sh                  # on the GPU machine (carry .device), ~6-9 minutes
+#   scripts/device_check.sh                  # on the GPU machine (carry .device), ~8-11 minutes
 #   scripts/device_check.sh --cpu-dry-run    # here: every step but the CUDA ones, small shapes
 #
+# The default stages may not fit one 10-minute call: run build,ops,correctness first, then
+# --skip-build --stages kernels,memory,speed[,split] on the same (warm) machine.
+#
 # Options: --out DIR (default $OUT or out/device-check), --skip-build (reuse .device/build),
-# --layers N (full-depth model, default 40), --stages LIST (build,ops,correctness,speed).
+# --layers N (full-depth model, default 40),
+# --stages LIST (build,ops,correctness,kernels,memory,speed; split is opt-in).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 DEV=$REPO/.device
 MODE=gpu
-STAGES=build,ops,correctness,speed
+STAGES=build,ops,correctness,kernels,memory,speed
 LAYERS=40
 OUTDIR=${OUT:-$REPO/out/device-check}
 while [ $# -gt 0 ]; do
@@ -27,7 +35,7 @@ while [ $# -gt 0 ]; do
         --stages) STAGES=$2; shift ;;
         --layers) LAYERS=$2; shift ;;
         --out) OUTDIR=$2; shift ;;
-        -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,23p "$0"; exit 0 ;;
         *) echo "device_check.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -140,6 +148,29 @@ if [[ $STAGES == *correctness* ]]; then
     log "parity rc=$rc"
 fi
 
+# ---- the plan's GPU terms: matmul rates by type and rows, llama.cpp's VRAM buffers
+if [[ $STAGES == *kernels* ]]; then
+    t=$(date +%s)
+    if [ "$MODE" = dry ]; then
+        GGML_H=$($PY -c 'from clover_gguf.runtime.build import runtime_paths; print(runtime_paths()["src_dir"])')/vendor/llama.cpp/ggml/include/ggml.h
+    else
+        GGML_H=$DEV/src/llama.cpp/ggml/include/ggml.h
+    fi
+    timeout 400 $PY scripts/device_check.py kernels --out "$OUTDIR" --mode "$MODE" --bin "$BUILD/bin" \
+        --ggml-h "$GGML_H" 2> "$OUTDIR/kernels.log"
+    rc=$?
+    record kernels $rc $(( $(date +%s) - t ))
+    log "kernels rc=$rc"
+fi
+if [[ $STAGES == *memory* ]]; then
+    t=$(date +%s)
+    timeout 300 $PY scripts/device_check.py memory --out "$OUTDIR" --mode "$MODE" --layers "$LAYERS" \
+        2> "$OUTDIR/memory.log"
+    rc=$?
+    record memory $rc $(( $(date +%s) - t ))
+    log "memory rc=$rc"
+fi
+
 # ---- speed at full depth, and the 16 GB placement
 if [[ $STAGES == *speed* ]]; then
     t=$(date +%s)
@@ -148,6 +179,16 @@ if [[ $STAGES == *speed* ]]; then
     rc=$?
     record speed $rc $(( $(date +%s) - t ))
     log "speed rc=$rc"
+fi
+
+# ---- opt-in: the 16 GB placement with each way of treating host experts, against the plan
+if [[ $STAGES == *split* ]]; then
+    t=$(date +%s)
+    timeout 400 $PY scripts/device_check.py split --out "$OUTDIR" --mode "$MODE" --layers "$LAYERS" \
+        --threads "$([ "$MODE" = dry ] && echo 2 || echo "$NPROC")" 2> "$OUTDIR/split.log"
+    rc=$?
+    record split $rc $(( $(date +%s) - t ))
+    log "split rc=$rc"
 fi
 
 $PY scripts/device_check.py summary --out "$OUTDIR" --mode "$MODE" --seconds $(( $(date +%s) - T0 ))

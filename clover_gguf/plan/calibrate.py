@@ -12,6 +12,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -20,10 +21,11 @@ import numpy as np
 from ..convert.plan import build_plan
 from ..convert.recipes import TypeRules
 from . import cost
+from .kernels import KernelTable
 from .sizes import PlanError
 
 
-def _gguf_plan(path: Path):
+def gguf_plan(path: Path):
     """(config, converter plan with the GGUF's own tensor types)."""
     from ..convert.plan import Plan, PlanEntry
     from ..gguf_io.reader import config_from_reader, open_gguf
@@ -80,7 +82,7 @@ def measure(path: Path, threads: int, masked=(None,), repeats: int = 3, prompt_l
 
 def _rows(path: Path, m: dict):
     """(features [1, L, MB, M MACs dense, M MACs experts], measured ms, label) per measurement."""
-    cfg, plan = _gguf_plan(path)
+    cfg, plan = gguf_plan(path)
     B = m["block_size"]
     out = []
     items = [("commit", 0, m["commit_ms"])] + [(f"step n={n}", n, t) for n, t in m["step_ms"].items()]
@@ -156,7 +158,7 @@ def validate(files, threads: int, cal: cost.CpuCalibration, repeats: int = 5, lo
     table = []
     for f in files:
         f = Path(f)
-        cfg, plan = _gguf_plan(f)
+        cfg, plan = gguf_plan(f)
         B = cfg.block_size
         masked = sorted({B, *range(B, 0, -4), *range(B, 0, -8)}, reverse=True)
         m = measure(f, threads, masked=tuple(masked), repeats=repeats)
@@ -189,3 +191,66 @@ def format_table(table: list[dict]) -> str:
     errs = [abs(r["err"]) for r in table]
     lines.append(f"max |error| {100 * max(errs):.1f} %, mean |error| {100 * sum(errs) / len(errs):.1f} %")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the CLI's calls
+
+
+def _is_device_summary(p) -> bool:
+    try:
+        d = json.loads(Path(p).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and ("kernels" in d or "stages" in d)
+
+
+def load_calibrations(paths) -> tuple[cost.CpuCalibration, KernelTable]:
+    """--calibration files: a CPU calibration (--calibrate) and/or a device check summary.json
+    (its "kernels"); the cache's CPU calibration and the seeded kernel table otherwise."""
+    cpu, kern = None, None
+    for p in paths:
+        if not Path(p).is_file():
+            raise PlanError(f"--calibration {p}: no such file")
+        if _is_device_summary(p):
+            kern = KernelTable.load(Path(p))
+        else:
+            cpu = cost.CpuCalibration.load(Path(p))
+    return cpu or cost.CpuCalibration.load(), kern or KernelTable()
+
+
+def command(calibrate_files, validate_files, calibrations, threads, as_json: bool, log=None) -> str:
+    """plan --calibrate / --validate: measure, fit and write; or print the error table."""
+    from ..util import default_threads
+
+    log = log or (lambda m: print(m, file=sys.stderr))
+    mine = [Path(p) for p in calibrations if not _is_device_summary(p)]  # never write over a summary.json
+    if calibrations and not mine:
+        raise PlanError("--calibrate writes a CPU calibration: give it its own --calibration FILE")
+    out = mine[0] if mine else cost.default_calibration_path()
+    th = threads or default_threads()
+    lines = []
+    if calibrate_files:
+        cal = calibrate(calibrate_files, th, out, log=log)
+        lines.append(
+            f"wrote {out}: c0 {cal.c0_ms:.3f} ms, {cal.c_layer_ms:.3f} ms/layer, {cal.bw_gbs:.2f} GB/s, "
+            f"{cal.gmacs:.2f} GMAC/s dense, {cal.gmacs_experts:.2f} GMAC/s experts ({th} threads)"
+        )
+    if validate_files:
+        tab = validate(validate_files, th, cost.CpuCalibration.load(out if mine else None))
+        lines.append(json.dumps(tab, indent=1) if as_json else format_table(tab))
+    return "\n".join(lines)
+
+
+def write_recipe(p: dict, path) -> None:
+    """--write-recipe: the fit option's types and convert line, as JSON (temp file, renamed)."""
+    fit = p["fit"]
+    if fit is None:
+        raise PlanError("no fit recipe fits this VRAM")
+    opt = next(o for o in p["options"] if o["kind"] == "fit")
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(
+        json.dumps({"budget_bytes": fit["budget_bytes"], "types": opt["types"], "convert": opt["convert"]}, indent=1)
+        + "\n"
+    )
+    tmp.replace(path)

@@ -42,11 +42,22 @@ class Curves:
     source: str
     layers: int = 0  # layers of the model the curves were measured on
     target_layers: int = 0  # layers of the model predicted (0: the same)
+    reference: str | None = None  # the sensitivity runs' reference model
+    reference_sha256: frozenset[str] = frozenset()  # eval.backends.model_dir_hash of it
 
     def for_layers(self, n: int) -> Curves:
         """The curves applied to an n-layer model: a per-layer group's error adds up over the
         layers (to first order), the embeddings and the output are one tensor each."""
-        return Curves(self.kl, self.source, self.layers, n)
+        return Curves(self.kl, self.source, self.layers, n, self.reference, self.reference_sha256)
+
+    def of_model(self, model_dir) -> bool:
+        """True when every sensitivity run scored this very model folder (same config and
+        weights): then the curves predict its KL; otherwise they are a ranking prior."""
+        if model_dir is None or len(self.reference_sha256) != 1 or not Path(model_dir).is_dir():
+            return False
+        from ..eval.backends import model_dir_hash
+
+        return model_dir_hash(model_dir) in self.reference_sha256
 
     def scale(self, group: str) -> float:
         if group in PER_LAYER_GROUPS and self.layers and self.target_layers:
@@ -59,6 +70,7 @@ class Curves:
         folder = Path(folder or CURVES_DIR)
         kl: dict[str, dict[str, float]] = {}
         layers = 0
+        refs, hashes = set(), set()
         files = sorted(folder.glob("**/sensitivity.json"))
         if not files:
             raise PlanError(f"{folder}: no sensitivity.json (run `clover-gguf eval sensitivity --type ...`)")
@@ -69,10 +81,13 @@ class Curves:
             for row in run["groups"]:
                 kl.setdefault(row["group"], {})[t] = max(0.0, float(row["overall"]["kl_mean"]))
             layers = layers or _reference_layers(run["config"].get("reference"), f)
+            refs.add(run["config"].get("reference"))
+            hashes.add(run["config"].get("reference_sha256") or "?")
         root = Path(__file__).resolve().parents[2]
         shown = folder.resolve()
         shown = shown.relative_to(root) if shown.is_relative_to(root) else shown
-        return cls(kl, str(shown), layers)
+        ref = refs.pop() if len(refs) == 1 else None
+        return cls(kl, str(shown), layers, 0, ref, frozenset(h for h in hashes if h != "?"))
 
     def predict(self, group: str, t: str) -> float:
         if t in LOSSLESS:
@@ -132,42 +147,50 @@ class Fit:
     budget: int
     table: list[tuple[str, str, int, float]]  # group, type, bytes, KL
 
-    def format(self) -> str:
-        lines = [f"{'group':<16} {'type':<7} {'size':>11} {'pred. KL':>10}"]
+    def format(self, kl_head: str = "pred. KL") -> str:
+        lines = [f"{'group':<16} {'type':<7} {'size':>11} {kl_head:>10}"]
         for g, t, b, k in self.table:
             lines.append(f"{g:<16} {t:<7} {fmt_bytes(b):>11} {k:10.6f}")
         lines.append(
             f"total {fmt_bytes(self.tensor_bytes)} of tensors (file <= {fmt_bytes(self.file_bytes_max)}), "
-            f"budget {fmt_bytes(self.budget)}, predicted KL {self.kl:.6f}"
+            f"budget {fmt_bytes(self.budget)}, {kl_head} {self.kl:.6f}"
         )
         return "\n".join(lines)
 
 
 def fit_budget(
-    src: Source, budget: int, curves: Curves | None = None, reserve: int = 0, expert_candidates=EXPERT_CANDIDATES
+    src: Source,
+    budget: int,
+    curves: Curves | None = None,
+    reserve: int = 0,
+    expert_candidates=EXPERT_CANDIDATES,
+    gpu_only: bool = False,
 ) -> Fit:
     """The recipe with the least predicted KL whose file (tensors + header estimate + reserve)
-    is at most ``budget`` bytes."""
+    is at most ``budget`` bytes; gpu_only: what llama.cpp puts on the GPU is (the file less
+    token_embd and the header: plan.vram)."""
     curves = (curves or Curves.load()).for_layers(src.config.num_hidden_layers)
     sizes, fixed, n_tensors = _group_sizes(src, expert_candidates)
-    room = budget - reserve - fixed - header_bytes_estimate(src.config, n_tensors)
+    header = 0 if gpu_only else header_bytes_estimate(src.config, n_tensors)
+    counted = [not (gpu_only and g == "embeddings") for g in GROUPS]
+    room = budget - reserve - fixed - header
     per_group = []
     for g in GROUPS:
         opts = sorted(((t, b, curves.predict(g, t)) for t, b in sizes[g].items()), key=lambda x: x[1])
         per_group.append(opts)
     best = None
     for combo in itertools.product(*per_group):
-        b = sum(x[1] for x in combo)
-        if b > room:
+        if sum(x[1] for x, c in zip(combo, counted) if c) > room:
             continue
+        b = sum(x[1] for x in combo)
         k = sum(x[2] for x in combo)
         if best is None or (k, b) < (best[0], best[1]):
             best = (k, b, combo)
     if best is None:
-        smallest = fixed + sum(min(x[1] for x in opts) for opts in per_group)
+        smallest = fixed + sum(min(x[1] for x in opts) for opts, c in zip(per_group, counted) if c)
         raise PlanError(
             f"no recipe fits {fmt_bytes(budget)}: the smallest ({', '.join(o[0][0] for o in per_group)}) "
-            f"needs {fmt_bytes(smallest + header_bytes_estimate(src.config, n_tensors) + reserve)}"
+            f"needs {fmt_bytes(smallest + header + reserve)}"
         )
     k, b, combo = best
     gt = GroupTypes.make(**{g: x[0] for g, x in zip(GROUPS, combo)})

@@ -1,10 +1,12 @@
-"""Automatic placement (`clover-gguf run/serve --fit`): how many layers' routed experts stay in
-CPU memory so that the rest fits the free VRAM the backend reports.
+"""Automatic placement (`clover-gguf run/serve --fit`) and the plan's split rows: how many
+layers' routed experts stay in CPU memory so that the rest fits the free VRAM.
 
-The decision (choose_cpu_layers) is a pure function of byte counts; fit_gguf feeds it the
-GGUF's own tensor sizes, the plan's overheads (state, compute buffer, reserve) and the free
-memory of the GPU devices ggml reports. The override it returns is the `-ot` that
-`clover-gguf plan` prints for a split."""
+One rule for both: `split_bytes` sorts tensor sizes into what goes to the GPU (per layer's
+routed experts, the rest; token_embd stays on the host), plan.vram.account adds the state,
+compute buffer, op-offload copy and llama.cpp's margin, and `choose_cpu_layers` picks the
+fewest leading layers. fit_gguf feeds it a GGUF's tensor table and the free memory ggml reports;
+`clover-gguf plan` feeds it the converter's plan and the card's total less a CUDA context. The
+override it returns is the `-ot` the plan prints for a split."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..convert.plan import fmt_bytes
-from . import cost
+from . import vram
 
 EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(up|down|gate|gate_up)_exps\.")
 LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
@@ -41,6 +43,8 @@ class Placement:
     gpu_bytes: int  # weights + overheads placed on the GPU(s)
     n_layers: int  # layers offloaded (the candidates)
     devices: list[GpuDevice] = field(default_factory=list)
+    account: vram.Account | None = None
+    free: int = 0
 
     def override(self) -> str | None:
         """The -ot REGEX=CPU for the chosen layers (None: everything fits)."""
@@ -62,19 +66,24 @@ class Placement:
         )
 
 
-def choose_cpu_layers(layer_expert_bytes: dict[int, int], other_bytes: int, free: int, overhead: int) -> list[int]:
+def choose_cpu_layers(
+    layer_expert_bytes: dict[int, int], other_bytes: int, free: int, overhead: int, split_extra: int = 0
+) -> list[int]:
     """The fewest leading layers (as llama.cpp's --n-cpu-moe) whose routed experts must leave the
-    GPU so that the remaining experts + other_bytes + overhead <= free. FitError when the
-    non-expert part alone does not fit."""
+    GPU so that the remaining experts + other_bytes + overhead <= free; split_extra: VRAM that
+    any split adds (the op-offload copy of a host expert tensor). FitError when the non-expert
+    part alone does not fit."""
     layers = sorted(layer_expert_bytes)
     need = sum(layer_expert_bytes.values()) + other_bytes + overhead - free
     if need <= 0:
         return []
-    if other_bytes + overhead > free:
+    need += split_extra
+    if other_bytes + overhead + split_extra > free:
         raise FitError(
-            f"fit: even with every layer's experts in CPU memory the GPU needs {fmt_bytes(other_bytes + overhead)} "
-            f"(weights {fmt_bytes(other_bytes)} + state, compute buffer and reserve {fmt_bytes(overhead)}), "
-            f"free {fmt_bytes(free)}; offload fewer layers (-ngl) or use a smaller recipe (clover-gguf plan)"
+            f"fit: even with every layer's experts in CPU memory the GPU needs "
+            f"{fmt_bytes(other_bytes + overhead + split_extra)} (weights {fmt_bytes(other_bytes)} + state, compute "
+            f"buffer and margin {fmt_bytes(overhead + split_extra)}), free {fmt_bytes(free)}; "
+            f"offload fewer layers (-ngl) or use a smaller recipe (clover-gguf plan)"
         )
     out, moved = [], 0
     for il in layers:
@@ -83,6 +92,45 @@ def choose_cpu_layers(layer_expert_bytes: dict[int, int], other_bytes: int, free
         out.append(il)
         moved += layer_expert_bytes[il]
     return out
+
+
+def split_bytes(named_sizes, n_layer: int, n_gpu_layers: int = -1) -> tuple[dict[int, list[int]], int]:
+    """(routed-expert tensor sizes per offloaded layer, other offloaded bytes) from (name, bytes)
+    pairs: a GGUF's tensor table or the converter's plan. token_embd stays on the CPU (llama.cpp's
+    input layer)."""
+    on_gpu, output = gpu_layers(n_layer, n_gpu_layers)
+    on = set(on_gpu)
+    experts: dict[int, list[int]] = {il: [] for il in on_gpu}
+    other = 0
+    for name, n in named_sizes:
+        m = LAYER_TENSOR.match(name)
+        if m:
+            il = int(m.group(1))
+            if il not in on:
+                continue
+            if EXPERT_TENSOR.match(name):
+                experts[il].append(int(n))
+            else:
+                other += int(n)
+        elif output and not name.startswith("token_embd"):
+            other += int(n)
+    return experts, other
+
+
+def place(
+    experts: dict[int, list[int]], other: int, free: int, cfg, n_seq: int = 1, op_offload: bool = True,
+    n_devices: int = 1, n_ubatch: int | None = None,
+) -> Placement:  # fmt: skip
+    """The placement of these bytes on `free` bytes of VRAM (the shared rule)."""
+    per_layer = {il: sum(ts) for il, ts in experts.items()}
+    biggest = max((t for ts in experts.values() for t in ts), default=0)
+    acct = vram.account(cfg, n_seq, n_ubatch, n_devices, biggest, op_offload)
+    chosen = choose_cpu_layers(per_layer, other, free, acct.overhead, acct.offload_copy)
+    if not chosen:
+        acct.offload_copy = 0
+    cpu = sum(per_layer[il] for il in chosen)
+    gpu = sum(per_layer.values()) - cpu + other + acct.overhead + acct.offload_copy
+    return Placement(chosen, cpu, gpu, len(per_layer), account=acct, free=free)
 
 
 def gpu_layers(n_layer: int, n_gpu_layers: int) -> tuple[list[int], bool]:
@@ -95,30 +143,14 @@ def gpu_layers(n_layer: int, n_gpu_layers: int) -> tuple[list[int], bool]:
     return list(range(n_layer + 1 - n_gpu_layers, n_layer)), True
 
 
-def gguf_bytes(path: str | Path, n_gpu_layers: int) -> tuple[dict[int, int], int, object]:
-    """(routed-expert bytes per offloaded layer, other offloaded bytes, CloverConfig) from the
-    GGUF's tensor table. token_embd stays on the CPU (llama.cpp's input layer)."""
+def gguf_bytes(path: str | Path, n_gpu_layers: int) -> tuple[dict[int, list[int]], int, object]:
+    """(routed-expert tensor sizes per offloaded layer, other offloaded bytes, CloverConfig) from
+    the GGUF's tensor table."""
     from ..gguf_io.reader import config_from_reader, open_gguf
 
     r = open_gguf(path)
     cfg = config_from_reader(r, path)
-    on_gpu, output = gpu_layers(cfg.num_hidden_layers, n_gpu_layers)
-    on = set(on_gpu)
-    experts: dict[int, int] = {il: 0 for il in on_gpu}
-    other = 0
-    for t in r.tensors:
-        n = int(t.n_bytes)
-        m = LAYER_TENSOR.match(t.name)
-        if m:
-            il = int(m.group(1))
-            if il not in on:
-                continue
-            if EXPERT_TENSOR.match(t.name):
-                experts[il] += n
-            else:
-                other += n
-        elif output and not t.name.startswith("token_embd"):
-            other += n
+    experts, other = split_bytes(((t.name, int(t.n_bytes)) for t in r.tensors), cfg.num_hidden_layers, n_gpu_layers)
     return experts, other, cfg
 
 
@@ -157,22 +189,22 @@ NO_GPU = "fit: no GPU device, nothing to fit"
 
 
 def fit_gguf(
-    path: str | Path, n_gpu_layers: int, n_seq: int = 1, devices: list[GpuDevice] | None = None
+    path: str | Path,
+    n_gpu_layers: int,
+    n_seq: int = 1,
+    devices: list[GpuDevice] | None = None,
+    op_offload: bool = True,
 ) -> Placement | None:
     """The placement for this GGUF on the GPU devices (those ggml reports when None); None when
     there is no GPU device. FitError when even the non-expert weights do not fit."""
-    from . import N_UBATCH, RESERVE_BYTES
-
     devices = gpu_devices() if devices is None else devices
     if not devices:
         return None
     experts, other, cfg = gguf_bytes(path, n_gpu_layers)
-    overhead = cost.state_bytes(cfg, n_seq) + cost.compute_buffer_bytes(cfg, N_UBATCH) + RESERVE_BYTES * len(devices)
     free = sum(d.free for d in devices)
-    chosen = choose_cpu_layers(experts, other, free, overhead)
-    cpu = sum(experts[il] for il in chosen)
-    gpu = sum(experts.values()) - cpu + other + overhead
-    return Placement(chosen, cpu, gpu, len(experts), devices)
+    p = place(experts, other, free, cfg, n_seq, op_offload, len(devices))
+    p.devices = devices
+    return p
 
 
 def fit_overrides(
@@ -184,6 +216,7 @@ def fit_overrides(
     log=print,
     devices: list[GpuDevice] | None = None,
     rpc: bool = False,
+    op_offload: bool = True,
 ) -> list[str]:
     """The -ot REGEX=CPU specs --fit adds (logging one line on what it chose). fit None: on when
     -ngl offloads something and the user gave no placement of their own (-ot, --experts-on-cpu)
@@ -195,7 +228,7 @@ def fit_overrides(
     if n_gpu_layers == 0:
         log("fit: -ngl 0 offloads nothing, nothing to fit")
         return []
-    p = fit_gguf(path, n_gpu_layers, n_seq, devices)
+    p = fit_gguf(path, n_gpu_layers, n_seq, devices, op_offload)
     if p is None:
         log(NO_GPU)
         return []

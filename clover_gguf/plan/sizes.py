@@ -41,6 +41,7 @@ class Source:
     label: str  # what the user gave (a folder, a .gguf, a preset)
     convert_arg: str  # MODEL_DIR in the printed convert line
     ck: object  # Checkpoint or synth._SyntheticSource (names, shapes, dtypes)
+    path: Path | None = None  # the model folder or GGUF file (None for --shape)
 
 
 def open_source(model: str | None, shape: str | None = None, layers: int | None = None) -> Source:
@@ -64,7 +65,7 @@ def open_source(model: str | None, shape: str | None = None, layers: int | None 
             except ValueError as e:
                 raise PlanError(str(e)) from None
             if layers is None:
-                return Source(ck.config, str(p), str(p), ck)
+                return Source(ck.config, str(p), str(p), ck, p)
             cfg = ck.config
         elif p.is_file():
             from ..gguf_io.reader import config_from_reader, open_gguf
@@ -76,9 +77,11 @@ def open_source(model: str | None, shape: str | None = None, layers: int | None 
         else:
             raise PlanError(f"{model}: no such model folder or GGUF file")
         label, arg = str(p), (str(p) if p.is_dir() else "MODEL_DIR")
+    path = None if shape is not None else Path(model)
     if layers is not None:
         cfg = CloverConfig.from_dict({**cfg.to_dict(), "num_hidden_layers": layers})
-    return Source(cfg, label, arg, _SyntheticSource(cfg, Path(".")))
+        path = None
+    return Source(cfg, label, arg, _SyntheticSource(cfg, Path(".")), path)
 
 
 @dataclass(frozen=True)

@@ -318,6 +318,7 @@ def log_capture(lib: _Lib, verbose: bool = False) -> LogCapture:
 # --------------------------------------------------------------------------- helpers
 
 EXPERT_PATTERN = r"\.ffn_(up|down|gate|gate_up)_exps"
+LLAMA_LOAD_MODE_NONE = 0  # llama.h: enum llama_load_mode
 
 
 def parse_override(spec: str) -> str:
@@ -341,15 +342,21 @@ def model_params(
     keep: list | None = None,
     cpu_tensors=(),
     devices: list[int] | None = None,
+    mmap: bool = True,
 ):
     """llama_model_params with n_gpu_layers and tensor buffer-type overrides keeping tensors in
     CPU memory: the routed experts when experts_on_cpu (llama.cpp's --cpu-moe), and those whose
     name matches a regex of cpu_tensors (llama.cpp's -ot REGEX=CPU). `devices`: the offload
-    devices (ggml_backend_dev_t), None for llama.cpp's default (every GPU). `keep` receives the
-    ctypes objects that must outlive the load."""
+    devices (ggml_backend_dev_t), None for llama.cpp's default (every GPU). mmap=False loads
+    the file instead of mapping it (LLAMA_LOAD_MODE_NONE): host-resident weights then sit in the
+    GPU backend's pinned host buffers, which llama.cpp avoids with mmap
+    (llama-model-loader.cpp:1274-1282). `keep` receives the ctypes objects that must outlive
+    the load."""
     lc = lib.lc
     p = lc.llama_model_default_params()
     p.n_gpu_layers = int(n_gpu_layers)
+    if not mmap:
+        p.load_mode = LLAMA_LOAD_MODE_NONE
     if devices is not None:
         arr = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
         p.devices = ctypes.cast(arr, ctypes.c_void_p).value
@@ -379,9 +386,13 @@ def context_params(
     n_threads: int,
     n_threads_batch: int | None = None,
     n_seq_max: int = 1,
+    op_offload: bool = True,
 ):
+    """llama_context_params; op_offload=False keeps the ops on host-resident weights on the CPU
+    (llama.cpp's --no-op-offload: ggml-backend.cpp:970 then never moves them to the GPU)."""
     lc = lib.lc
     p = lc.llama_context_default_params()
+    p.op_offload = bool(op_offload)
     p.n_ctx, p.n_batch, p.n_ubatch = int(n_ctx), int(n_batch), int(n_ubatch)
     p.n_seq_max = int(n_seq_max)
     p.n_threads = int(n_threads)

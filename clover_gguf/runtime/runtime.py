@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..constants import DEFAULT_THRESHOLD
+from ..plan.vram import runtime_n_ubatch
 from ..reference.generate import BlockStats, GenerationConfig, GenerationResult
 from ..util import default_threads
 from . import bindings as B
@@ -57,6 +58,8 @@ class CloverRuntime:
         n_seq_max: int = 1,
         quiet: bool = True,
         rpc_servers: str | list[str] | None = None,
+        op_offload: bool = True,
+        mmap: bool = True,
     ):
         self.path = Path(gguf_path)
         if not self.path.is_file():
@@ -70,7 +73,7 @@ class CloverRuntime:
             devices = B.offload_devices(self._lib, self.rpc_servers)
         except B.RpcError as e:
             raise RuntimeLoadError(str(e)) from None
-        mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep, cpu_tensors, devices)
+        mp = B.model_params(self._lib, n_gpu_layers, experts_on_cpu, self._keep, cpu_tensors, devices, mmap)
         self._log.mark()
         self._log.overrides.clear()
         self._log.placement.clear()
@@ -95,12 +98,18 @@ class CloverRuntime:
         # n_seq_max * B lets one denoising graph hold every sequence), n_batch >= n_ubatch,
         # n_ctx >= n_ubatch.
         self.n_seq_max = int(n_seq_max)
-        ub = int(n_ubatch or max(256, self.n_seq_max * self.default_block_size))
+        ub = int(n_ubatch or runtime_n_ubatch(self.n_seq_max, self.default_block_size))
         nb = int(n_batch or ub)
         n_ctx = max(int(n_ctx or self.n_ctx_train), ub)
         self.n_ubatch, self.n_batch = ub, nb
         cp = B.context_params(
-            self._lib, n_ctx=n_ctx, n_batch=nb, n_ubatch=ub, n_threads=self.n_threads, n_seq_max=self.n_seq_max
+            self._lib,
+            n_ctx=n_ctx,
+            n_batch=nb,
+            n_ubatch=ub,
+            n_threads=self.n_threads,
+            n_seq_max=self.n_seq_max,
+            op_offload=op_offload,
         )
         self._log.mark()
         self.ctx = lc.llama_init_from_model(self.model, cp)

@@ -32,12 +32,15 @@ def serve(
     alias: str | None = None,
     queue_timeout: float | None = None,
     log=print,
+    op_offload: bool = True,
+    mmap: bool = True,
 ) -> None:
     """Load MODEL and serve it until SIGTERM/SIGINT (requests whose clients are still connected
     finish first; abandoned ones are cancelled at their next denoising step). n_predict: the
     tokens of one reply at most (default DEFAULT_N_PREDICT); alias: the model id /v1/models lists
     (default: the file name); queue_timeout: seconds a request may wait for a sequence before a
-    503 (default DEFAULT_QUEUE_TIMEOUT; 0: no limit)."""
+    503 (default DEFAULT_QUEUE_TIMEOUT; 0: no limit). op_offload/mmap: llama.cpp's
+    --no-op-offload / --no-mmap (host-resident experts; docs/plan.md)."""
     try:
         import uvicorn
 
@@ -73,7 +76,9 @@ def serve(
 
     # one sequence per request of a group, and one to commit finished conversations (Engine);
     # --fit sizes the state for all of them
-    ot = fit_overrides(model, n_gpu_layers, fit, experts_on_cpu, n_seq=parallel + 1, log=log, rpc=bool(rpc))
+    ot = fit_overrides(
+        model, n_gpu_layers, fit, experts_on_cpu, n_seq=parallel + 1, log=log, rpc=bool(rpc), op_offload=op_offload
+    )
     rt = CloverRuntime(
         model,
         n_threads=threads,
@@ -82,6 +87,8 @@ def serve(
         n_seq_max=parallel + 1,
         rpc_servers=rpc,
         cpu_tensors=[parse_override(s) for s in ot],
+        op_offload=op_offload,
+        mmap=mmap,
     )
     ctx_meta = rt.meta(Keys.CONTEXT_LENGTH.format(arch=ARCH))
     n_ctx = int(ctx_size or (int(ctx_meta) if ctx_meta else 0) or 262144)

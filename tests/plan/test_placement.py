@@ -57,6 +57,10 @@ def test_gpu_layers_as_llama_cpp_counts():
     assert gpu_layers(4, 0) == ([], False)
 
 
+def _per_layer(experts):
+    return {il: sum(ts) for il, ts in experts.items()}
+
+
 def test_gguf_bytes_add_up(tiny_gguf):
     """Experts + other + token_embd = every tensor in the file; partial -ngl drops leading layers."""
     from clover_gguf.gguf_io.reader import open_gguf
@@ -66,24 +70,27 @@ def test_gguf_bytes_add_up(tiny_gguf):
     embd = sum(int(t.n_bytes) for t in r.tensors if t.name.startswith("token_embd"))
     experts, other, cfg = gguf_bytes(tiny_gguf, 99)
     assert sorted(experts) == list(range(cfg.num_hidden_layers))
-    assert sum(experts.values()) + other + embd == total
+    assert sum(_per_layer(experts).values()) + other + embd == total
     want = sum(int(t.n_bytes) for t in r.tensors if re.match(r"blk\.0\.ffn_(up|down|gate)_exps", t.name))
-    assert experts[0] == want > 0
+    assert _per_layer(experts)[0] == want > 0 and len(experts[0]) == 3  # gate, up, down
     part, _, _ = gguf_bytes(tiny_gguf, 2)
     assert sorted(part) == [cfg.num_hidden_layers - 1]
 
 
 def test_fit_gguf_with_given_free_memory(tiny_gguf):
     experts, other, _ = gguf_bytes(tiny_gguf, 99)
+    layers = _per_layer(experts)
     big = [GpuDevice("CUDA0", 1 << 40, 1 << 40)]
     p = fit_gguf(tiny_gguf, 99, devices=big)
     assert p.cpu_layers == [] and p.override() is None and p.message().startswith("fit: everything fits")
-    # free memory for the overheads, the non-expert weights and one layer's experts
-    overhead = p.gpu_bytes - sum(experts.values()) - other
-    one = overhead + other + experts[0]
+    # free memory for the overheads, the non-expert weights, one layer's experts and the GPU copy
+    # of one host expert tensor (op offload)
+    overhead = p.gpu_bytes - sum(layers.values()) - other
+    one = overhead + other + layers[0] + max(experts[0])
     p = fit_gguf(tiny_gguf, 99, devices=[GpuDevice("CUDA0", one, one)])
     n = len(experts)
     assert p.cpu_layers == list(range(n - 1))  # the leading layers; the last one stays
+    assert p.account.offload_copy == max(experts[0])
     assert p.gpu_bytes <= one and p.override() == cpu_layers_regex(p.cpu_layers)
     assert re.fullmatch(
         rf"fit: {n - 1} of {n} layers' experts in CPU memory \(.*\), .* on CUDA0 \(free .*\)", p.message()
