@@ -102,6 +102,13 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> dict:
             raise BadRequest(f"request body is over the limit of {limit} bytes", status=413)
         chunks.append(chunk)
     raw = b"".join(chunks)
+    # a large body takes a while to parse and check: not on the event loop
+    return await asyncio.to_thread(parse_body, raw) if len(raw) > 1 << 20 else parse_body(raw)
+
+
+def parse_body(raw: bytes) -> dict:
+    """A request body as a JSON object: UTF-8, strict JSON (no NaN / Infinity), nested at most
+    fields.MAX_JSON_DEPTH deep, every string valid Unicode."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
