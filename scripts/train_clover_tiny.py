@@ -215,7 +215,7 @@ def load_data(a, c):
     train_ids = data.train_tokens(tok, a.cache_dir)
     stream_ids = train_ids if a.docstrings == "full" else data.train_tokens(tok, a.cache_dir, a.docstrings)
     held_ids = data.heldout_tokens(tok, a.cache_dir)
-    m = data.load_heldout_manifest(check=False)
+    m = data.load_heldout_manifest()
     info = {
         "train_files": len(data.train_files()),
         "heldout_files": len(m["files"]),

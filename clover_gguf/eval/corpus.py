@@ -79,11 +79,16 @@ def read_texts(paths) -> list[tuple[str, str]]:
     return out
 
 
-def default_corpus_files() -> tuple[list[Path], str]:
-    """clover-tiny's held-out stdlib files and a description (evaldata/heldout-stdlib.json)."""
-    from ..train.data import HELDOUT_MANIFEST, heldout_files
+def default_corpus_files() -> tuple[list[Path], str, dict]:
+    """clover-tiny's held-out stdlib files, a description, and whether they are the committed
+    baseline's text (train.data.corpus_identity)."""
+    from ..train.data import HELDOUT_MANIFEST, CorpusError, corpus_identity, heldout_files
 
-    return heldout_files(), f"held-out stdlib modules ({HELDOUT_MANIFEST.relative_to(HELDOUT_MANIFEST.parents[1])})"
+    try:
+        files, ident = heldout_files(), corpus_identity()
+    except CorpusError as e:
+        raise EvalCorpusError(str(e)) from None
+    return files, f"held-out stdlib modules ({HELDOUT_MANIFEST.relative_to(HELDOUT_MANIFEST.parents[1])})", ident
 
 
 def tokenize(tokenizer, texts: list[tuple[str, str]]) -> list[Document]:
@@ -283,10 +288,11 @@ def load_corpus(paths=None, tokenizer=None) -> tuple[list[Document], dict]:
     """Documents from user files (text / JSONL) or, by default, the held-out stdlib files."""
     if tokenizer is None:
         raise EvalCorpusError("a tokenizer is needed to read a text corpus (the model dir has no tokenizer.json?)")
+    ident = None
     if paths:
         files, desc = [Path(p) for p in paths], "user corpus"
     else:
-        files, desc = default_corpus_files()
+        files, desc, ident = default_corpus_files()
     texts = read_texts(files)
     docs = tokenize(tokenizer, texts)
     info = {
@@ -297,4 +303,7 @@ def load_corpus(paths=None, tokenizer=None) -> tuple[list[Document], dict]:
         "tokens": int(sum(len(d.tokens) for d in docs)),
         "tokenizer_sha256": tokenizer.fingerprint() if hasattr(tokenizer, "fingerprint") else None,
     }
+    if ident is not None:
+        info["corpus_sha256"], info["python_version"] = ident["sha256"], ident["python_version"]
+        info["same_corpus_as_baseline"], info["corpus_note"] = ident["same_as_manifest"], ident["note"]
     return docs, info

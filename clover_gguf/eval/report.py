@@ -223,6 +223,8 @@ def quality_markdown(q: dict, plots: dict) -> str:
     for n in q.get("notes", []):
         L.append(f"\n> {n}")
     corpus = s.get("corpus", "")
+    if s.get("corpus_note"):
+        corpus += f" ({s['corpus_note']})"
     L += [
         "",
         f"Samples: {corpus}; {s.get('documents', '?')} documents, {s.get('tokens', '?')} tokens; "

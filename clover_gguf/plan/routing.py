@@ -173,7 +173,7 @@ def measure(
     E, k, L = c.num_experts, c.num_experts_per_tok, c.num_hidden_layers
     with Checkpoint(model_dir) as ck:
         fp = fingerprint_checkpoint(ck, L)
-    files, corpus = default_corpus_files()
+    files, corpus, _ = default_corpus_files()
     docs = tokenize(CloverTokenizer.from_dir(model_dir), read_texts(files))
     seen: list[tuple[int, torch.Tensor]] = []
 

@@ -4,15 +4,17 @@ Corpus = every ``*.py`` file under ``sysconfig.get_paths()['stdlib']``, except t
 (any path component ``test``, ``tests`` or ``idle_test`` -- this covers ``test/``,
 ``idlelib/idle_test``, ``lib2to3/tests``, ``ctypes/test``, ``unittest/test``, ...),
 ``site-packages`` and files larger than 1 MB. Files are ordered by their relative POSIX
-path, so every machine with the same Python (3.11.7 here and in CI) sees the same corpus;
-another version's stdlib is another corpus (load_heldout_manifest refuses it, naming both).
+path.
 
-Held-out set: whole top-level modules/packages, about 5 % of the corpus bytes, listed in
-``evaldata/heldout-stdlib.json`` (relative paths, byte counts, total, fraction, Python
-version). Training -- the tokenizer and the model -- never sees them. The manifest is the
-source of truth; :func:`select_heldout_units` is the deterministic rule that produced it
-(``python scripts/train_tokenizer.py --write-manifest`` rewrites it). Loading checks the
-manifest against the installed stdlib and raises :class:`CorpusError` naming what differs.
+Held-out set: whole top-level modules/packages, about 5 % of the corpus bytes, named in
+``evaldata/heldout-stdlib.json``. Training -- the tokenizer and the model -- never sees them.
+The set is defined by module, not by bytes: on any Python the held-out files are the
+installed stdlib's files of those modules, and the rest is the training corpus. The manifest
+also records the files, byte counts and sha256 they had on the Python clover-tiny was trained
+with (3.11.7); :func:`corpus_identity` says whether this interpreter's held-out text is that
+same text ("same corpus as the baseline") or not ("figures not comparable").
+:func:`select_heldout_units` is the deterministic rule that chose the modules
+(``python scripts/train_tokenizer.py --write-manifest`` rewrites the manifest).
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ def build_heldout_manifest(root: Path | None = None) -> dict:
         },
         "modules": units,
         "files": [{"path": r, "bytes": n} for r, n in sorted(held.items())],
+        "sha256": files_sha256([root / r for r in sorted(held)], root),
         "heldout_bytes": held_bytes,
         "corpus_bytes": total,
         "corpus_files": len(sizes),
@@ -169,57 +172,72 @@ def write_heldout_manifest(path: Path = HELDOUT_MANIFEST, root: Path | None = No
     return m
 
 
-def load_heldout_manifest(path: Path = HELDOUT_MANIFEST, root: Path | None = None, check: bool = True) -> dict:
-    """Read the manifest; with ``check``, verify every listed file exists with its byte count
-    and that the held-out modules have no files the manifest does not list."""
+def load_heldout_manifest(path: Path = HELDOUT_MANIFEST) -> dict:
+    """The committed manifest: the held-out modules, and their files as the Python it was made
+    with had them."""
     path = Path(path)
     if not path.is_file():
         raise CorpusError(
             f"held-out manifest not found: {path} (python scripts/train_tokenizer.py --write-manifest creates it)"
         )
-    m = json.loads(path.read_text())
-    if not check:
-        return m
-    root = Path(root) if root else stdlib_root()
-    where = (
-        f"(manifest {path} was made from Python {m.get('python_version')}; "
-        f"this is Python {python_version()} with stdlib {root}; the held-out set is defined on "
-        f"Python {m.get('python_version')}'s stdlib: train and evaluate on held-out code with that version)"
-    )
-    problems = []
-    for f in m["files"]:
-        p = root / f["path"]
-        if not p.is_file():
-            problems.append(f"missing held-out file: {f['path']}")
-        elif p.stat().st_size != f["bytes"]:
-            problems.append(f"held-out file {f['path']}: {p.stat().st_size} bytes, manifest says {f['bytes']}")
-    listed = {f["path"] for f in m["files"]}
-    units = set(m["modules"])
-    extra = [rel(p, root) for p in corpus_files(root) if unit_of(rel(p, root)) in units and rel(p, root) not in listed]
-    problems += [f"file of held-out module not in manifest: {r}" for r in extra]
-    if problems:
-        raise CorpusError(
-            "held-out manifest does not match this stdlib "
-            + where
-            + ":\n  "
-            + "\n  ".join(problems[:20])
-            + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
-        )
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CorpusError(f"{path}: not a held-out manifest ({e})") from None
+    if not isinstance(m, dict) or not isinstance(m.get("modules"), list):
+        raise CorpusError(f"{path}: not a held-out manifest (no 'modules' list)")
     return m
 
 
-def heldout_files(manifest: Path = HELDOUT_MANIFEST, root: Path | None = None) -> list[Path]:
-    """Held-out files (absolute paths), in manifest (sorted relative path) order."""
+def files_sha256(files: Sequence[Path], root: Path | None = None) -> str:
+    """sha256 over the files' relative paths and contents, in order: the identity of a text corpus."""
     root = Path(root) if root else stdlib_root()
-    m = load_heldout_manifest(manifest, root)
-    return [root / f["path"] for f in m["files"]]
+    h = hashlib.sha256()
+    for p in files:
+        b = Path(p).read_bytes()
+        h.update(f"{rel(p, root)}\0{len(b)}\0".encode())
+        h.update(b)
+    return h.hexdigest()
+
+
+def heldout_files(manifest: Path = HELDOUT_MANIFEST, root: Path | None = None) -> list[Path]:
+    """This stdlib's files of the held-out modules, sorted by relative path."""
+    root = Path(root) if root else stdlib_root()
+    units = set(load_heldout_manifest(manifest)["modules"])
+    files = [p for p in corpus_files(root) if unit_of(rel(p, root)) in units]
+    if not files:
+        raise CorpusError(f"this Python's stdlib ({root}) has no file of the held-out modules of {manifest}")
+    return files
 
 
 def train_files(manifest: Path = HELDOUT_MANIFEST, root: Path | None = None) -> list[Path]:
     """Corpus files minus every file of a held-out module, sorted by relative path."""
     root = Path(root) if root else stdlib_root()
-    units = set(load_heldout_manifest(manifest, root)["modules"])
+    units = set(load_heldout_manifest(manifest)["modules"])
     return [p for p in corpus_files(root) if unit_of(rel(p, root)) not in units]
+
+
+def corpus_identity(manifest: Path = HELDOUT_MANIFEST, root: Path | None = None) -> dict:
+    """Whether this interpreter's held-out text is the committed one: {sha256, python_version,
+    same_as_manifest, note}. The note is the sentence reports print."""
+    root = Path(root) if root else stdlib_root()
+    m = load_heldout_manifest(manifest)
+    files = heldout_files(manifest, root)
+    sha = files_sha256(files, root)
+    same = sha == m.get("sha256")
+    made = m.get("python_version", "?")
+    if same:
+        note = f"same held-out corpus as the committed baseline (Python {made}'s stdlib, sha256 {sha[:12]})"
+    else:
+        listed = {f["path"]: f["bytes"] for f in m.get("files", [])}
+        here = {rel(p, root): p.stat().st_size for p in files}
+        differ = sum(1 for r in listed.keys() | here.keys() if listed.get(r) != here.get(r))
+        note = (
+            f"different held-out corpus from the committed baseline's: Python {python_version()}'s stdlib here, "
+            f"{made}'s there ({differ} of {len(listed.keys() | here.keys())} files differ in name or size; "
+            f"sha256 {sha[:12]} vs {str(m.get('sha256'))[:12]}): figures are not comparable with the baseline's"
+        )
+    return {"sha256": sha, "python_version": python_version(), "same_as_manifest": same, "note": note}
 
 
 def read_corpus(files: Sequence[Path]) -> list[str]:
