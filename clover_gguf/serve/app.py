@@ -569,19 +569,13 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
     async def infill(request: Request):
         """llama-server's /infill fields (input_prefix, input_suffix, prompt), by fixing the suffix's
         tokens inside the one block that is denoised: [n_predict masks][suffix] after the prefix."""
-        body = await read_json(request)
-        check_model(body)
+        body = await read(request, fields.INFILL)
         for k in ("input_prefix", "input_suffix", "prompt"):
-            if not isinstance(body.get(k, ""), str):
+            if not isinstance(body.get(k) or "", str):
                 raise BadRequest(f"'{k}' must be a string", k)
-        if body.get("input_extra"):
-            raise BadRequest(
-                "'input_extra' (other files' context) is not supported: put it in input_prefix", "input_extra"
-            )
-        if body.get("stream"):
-            raise BadRequest("'stream': the middle is one block, decoded at once; ask without stream", "stream")
-        prefix = await tokenize(body.get("input_prefix", "") + body.get("prompt", ""))
-        suffix = await tokenize(body.get("input_suffix", ""))
+        cache = _opt_bool(body, "cache_prompt")
+        prefix = await tokenize((body.get("input_prefix") or "") + (body.get("prompt") or ""))
+        suffix = await tokenize(body.get("input_suffix") or "")
         n_max = rt.n_ubatch - len(suffix)
         if n_max < 1:
             raise BadRequest(
@@ -595,7 +589,9 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
         except FieldProblem as e:  # max_tokens: llama-server's other name for n_predict here
             raise BadRequest(str(e).replace("'n_predict'", f"'{key}'"), key, e.code) from None
         check_context(len(prefix) + m + len(suffix), "input_prefix")
-        s = sampling({k: v for k, v in body.items() if k not in ("n_predict", "max_tokens")}, len(prefix), chat=False)
+        drop = ("n_predict", "max_tokens", "input_prefix", "input_suffix", "prompt", "cache_prompt", "input_extra")
+        s = sampling({k: v for k, v in body.items() if k not in drop}, len(prefix), chat=False)
+        s.cache = s.cache and cache is not False
         block = [rt.mask_token_id] * m + suffix
         s.cfg.first_block, s.cfg.max_new_tokens, s.stream = block, len(block), False
         pend = pending(request)
@@ -609,13 +605,17 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
             raise _job_error(ev)
         mid = ev["tokens"][:m]
         cut = next((i for i, t in enumerate(mid) if t in rt.eog), len(mid))
+        text, stop_type = rt.detokenize(mid[:cut]), "eos" if cut < m else "limit"
+        at = min((i for i in (text.find(x) for x in s.stop) if i >= 0), default=-1)
+        if at >= 0:  # the middle ends before the first stop string
+            text, stop_type = text[:at], "word"
         return {
-            "content": rt.detokenize(mid[:cut]),
+            "content": text,
             "model": config.model_id,
             "tokens_predicted": cut,
             "tokens_evaluated": len(prefix),
             "stop": True,
-            "stop_type": "eos" if cut < m else "limit",
+            "stop_type": stop_type,
             "usage": ev["usage"] | {"completion_tokens": cut, "total_tokens": len(prefix) + cut},
         }
 

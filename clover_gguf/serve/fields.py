@@ -115,6 +115,25 @@ COMPLETIONS: dict[str, Field] = COMMON | {
     "response_format": Field(REFUSED, note="constrained output is on /v1/chat/completions"),
 }
 
+# llama-server's /infill (its fill-in-the-middle fields; llama.vscode's extras refused by name)
+INFILL: dict[str, Field] = {
+    k: COMMON[k] for k in ("model", "temperature", "top_p", "top_k", "seed", "stop", "clover", "user")
+} | {
+    "input_prefix": _I,
+    "input_suffix": _I,
+    "prompt": Field(IMPLEMENTED, note="appended to input_prefix"),
+    "n_predict": _I,
+    "max_tokens": Field(IMPLEMENTED, note="n_predict's other name"),
+    "cache_prompt": Field(IMPLEMENTED, note="llama-server's name for clover.cache_prompt"),
+    "input_extra": _neutral(lambda v: v == [], "[]", "other files' context: put it in input_prefix"),
+    "stream": _neutral(lambda v: v is False, "false", "the middle is one block, decoded at once"),
+    "n_indent": Field(REFUSED, note="no indentation limit"),
+    "t_max_prompt_ms": Field(REFUSED, note="no time limits"),
+    "t_max_predict_ms": Field(REFUSED, note="no time limits"),
+    "samplers": Field(REFUSED, note="the sampler is fixed (temperature, top-k, top-p)"),
+    "response_fields": Field(REFUSED),
+}
+
 # llama-server's /tokenize and /detokenize
 TOKENIZE: dict[str, Field] = {
     "model": COMMON["model"],

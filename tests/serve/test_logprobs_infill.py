@@ -99,3 +99,20 @@ def test_infill_errors(server):
     assert status == 400 and r["error"]["param"] == "input_prefix", r
     status, r = raw(server, "POST", "/infill", json.dumps({"input_prefix": "a", "stream": True}).encode())
     assert status == 400 and r["error"]["param"] == "stream", r
+
+
+def test_infill_fields(server):
+    base = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n", "n_predict": 8}
+    status, full = raw(server, "POST", "/infill", json.dumps(base).encode())
+    assert status == 200, full
+    text = full["content"]
+    assert len(text) > 1, full
+    # a stop string cuts the middle before it
+    status, r = raw(server, "POST", "/infill", json.dumps(base | {"stop": [text[1:]]}).encode())
+    assert status == 200 and r["content"] == text[:1] and r["stop_type"] == "word", r
+    status, r = raw(server, "POST", "/infill", json.dumps(base | {"cache_prompt": False}).encode())
+    assert status == 200 and r["content"] == text
+    for name, value, code in (("n_indent", 4, "unsupported_parameter"), ("foo", 1, "unknown_parameter"),
+                              ("input_extra", [{"text": "x"}], "unsupported_parameter")):  # fmt: skip
+        status, r = raw(server, "POST", "/infill", json.dumps(base | {name: value}).encode())
+        assert status == 400 and r["error"]["param"] == name and r["error"]["code"] == code, r
