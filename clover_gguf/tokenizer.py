@@ -227,7 +227,7 @@ def train_tokenizer(
     min_frequency: int = 2,
     verbose: bool = True,
 ) -> CloverTokenizer:
-    """Train the byte-level BPE on the TRAIN split (clover_gguf.data.train_files()) unless
+    """Train the byte-level BPE on the TRAIN split (clover_gguf.train.data.train_files()) unless
     ``texts`` is given; write tokenizer.json + tokenizer_config.json to ``out_dir``.
     ``vocab_size`` is the BPE's, counting the 6 special tokens and the 256 byte symbols; the 4
     tool tokens follow it."""

@@ -4,7 +4,7 @@
 Prints figures; it is not a timed test. For each layer count (default 1 and 2):
 
 1. a synthetic Clover checkpoint with Clover-35B-A3B's full tensor shapes
-   (clover_gguf.synth.write_synthetic, preset clover-35b-a3b, BF16, sharded);
+   (clover_gguf.gguf_io.synth.write_synthetic, preset clover-35b-a3b, BF16, sharded);
 2. an equivalent Qwen3-MoE checkpoint (Qwen3MoeForCausalLM config, same embeddings,
    attention, router and expert tensors, byte for byte, and the clover-tiny tokenizer);
 3. a synthetic importance matrix for every quantized tensor (llama.cpp GGUF imatrix);

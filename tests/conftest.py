@@ -25,3 +25,33 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+
+
+# The tests that need the built llama.cpp runtime (`clover-gguf runtime build`): whole folders
+# and files, and single tests of files that are otherwise pure Python. `pytest -m "not runtime"`
+# is the fast lane: it runs without the build.
+RUNTIME_PATHS = (
+    "tests/runtime/",
+    "tests/serve/",
+    "tests/test_quickstart.py",
+    "tests/convert/test_llama_quantize.py",
+    "tests/convert/test_upstream_convert.py",
+    "tests/plan/test_runtime_flags.py",
+)
+RUNTIME_TESTS = (
+    "tests/eval/test_eval_quality.py::test_runtime_provider_matches_reference_on_f32_weights",
+    "tests/plan/test_placement.py::test_run_cpu_build_says_nothing_to_fit",
+    "tests/plan/test_placement.py::test_llama_clover_cli_fit",
+    "tests/plan/test_plan.py::test_run_override_tensor",
+    "tests/test_cli_errors.py::test_run_inputs[gguf-",
+    "tests/test_cli_errors.py::test_run_missing_gguf_and_folder",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        nid = item.nodeid
+        if nid.startswith(RUNTIME_PATHS) or nid.startswith(RUNTIME_TESTS):
+            item.add_marker(pytest.mark.runtime)

@@ -11,7 +11,7 @@ Where the library is looked for, in order (the first that exists wins):
 
 1. ``$CLOVER_GGML_LIB``: the library file itself, or a folder holding it;
 2. ``$LLAMA_CPP_LIB_PATH`` (llama-cpp-python's own override): a folder;
-3. the installed ``llama_cpp`` package's ``lib/`` folder (what ``scripts/build_runtime.py``
+3. the installed ``llama_cpp`` package's ``lib/`` folder (what ``clover-gguf runtime build``
    installs, the project's runtime);
 4. ``build/runtime/**`` and ``build/**`` under the repository root.
 
@@ -43,7 +43,7 @@ else:
 
 BUILD_HINT = (
     "libggml-base (ggml's quantizer) was not found. Build the project's llama.cpp runtime "
-    "with `python scripts/build_runtime.py` (it installs the patched llama-cpp-python, whose "
+    "with `clover-gguf runtime build` (it installs the patched llama-cpp-python, whose "
     f"lib/ folder holds libggml-base), or point ${LIB_ENV} at a libggml-base shared library "
     "(a file or its folder) from any llama.cpp build "
     "(cmake -DBUILD_SHARED_LIBS=ON ... && cmake --build . --target ggml-base)."

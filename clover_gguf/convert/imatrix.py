@@ -7,7 +7,7 @@ for stacked experts) and ``W.counts`` (ne [1, n_mat]: how many activations were 
 llama-quantize weights a tensor's rows with in_sum2 / counts (1 where counts is 0); so does
 ``load_imatrix`` here, bit for bit (float32 division).
 
-``compute_imatrix`` runs the PyTorch reference (clover_gguf.model.CloverModel) on a text
+``compute_imatrix`` runs the PyTorch reference (clover_gguf.reference.model.CloverModel) on a text
 file with forward hooks and counts each routed expert's activations separately.
 The model runs the way inference does: every chunk of text goes through both streams of
 forward_train: clean blocks (commits) and the same blocks partly masked (denoising steps),

@@ -25,7 +25,7 @@ class RuntimeNotBuilt(RuntimeError):
 
 
 HINT = (
-    "build it with `clover-gguf runtime build` (or `python scripts/build_runtime.py`), "
+    "build it with `clover-gguf runtime build`, "
     "which applies patches/*.patch to llama-cpp-python 0.3.36 and installs it here"
 )
 

@@ -7,7 +7,7 @@
 
 `generate` is one C call per generation (the C side runs prefill, denoising and commits; block
 statistics come back through a callback). `RuntimeBackend(rt)` is a `LogitsBackend` so that
-`clover_gguf.generate.generate` can drive the runtime step by step (parity with the PyTorch
+`clover_gguf.reference.generate.generate` can drive the runtime step by step (parity with the PyTorch
 reference).
 """
 
@@ -589,7 +589,7 @@ class CloverRuntime:
 
 
 class RuntimeBackend:
-    """CloverRuntime as a clover_gguf.generate.LogitsBackend (step-by-step driving from Python)."""
+    """CloverRuntime as a clover_gguf.reference.generate.LogitsBackend (step-by-step driving from Python)."""
 
     def __init__(self, rt: CloverRuntime, reset: bool = True):
         self.rt = rt

@@ -282,7 +282,7 @@ def test_sharded_and_round_trip_q4_k(synth, tmp_path):
 def test_numpy_only_path(synth, tmp_path, no_ggml):
     with pytest.raises(ConvertError) as ei:
         _conv(synth["per_expert"], tmp_path / "a.gguf", experts="q4_k")
-    assert "build_runtime.py" in str(ei.value) and ggml_lib.LIB_ENV in str(ei.value)
+    assert "clover-gguf runtime build" in str(ei.value) and ggml_lib.LIB_ENV in str(ei.value)
     assert list(tmp_path.iterdir()) == []
     res = _conv(synth["per_expert"], tmp_path / "b.gguf", experts="q4_0", outtype="q8_0")
     assert {e.backend for e in res.plan.entries} == {"numpy"}
