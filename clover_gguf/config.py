@@ -20,7 +20,7 @@ from .constants import (
     MODEL_TYPE,
     dims,
 )
-from .limits import TOKEN_ID_KEYS, LimitError, check_config_values, check_token_id
+from .limits import TOKEN_ID_KEYS, LimitError, check_config_values, check_token_id, fmt_value
 
 
 class ConfigError(ValueError):
@@ -64,6 +64,8 @@ class CloverConfig:
                 raise ConfigError(f"{source}: missing key '{key}'")
             v = d[key]
             if typ is float and isinstance(v, int) and not isinstance(v, bool):
+                if abs(v) > 1e300:  # float() of a longer JSON integer raises OverflowError
+                    raise ConfigError(f"{source}: key '{key}' = {fmt_value(v)}: must be a finite number")
                 v = float(v)
             if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ConfigError(f"{source}: key '{key}' must be an integer, got {v!r}")

@@ -50,7 +50,7 @@ class Limit:
             return False
         if self.integer and not isinstance(v, int):
             return False
-        if not math.isfinite(v):
+        if isinstance(v, float) and not math.isfinite(v):  # (an int of any size compares exactly)
             return False
         return (v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
 
@@ -67,6 +67,9 @@ def fmt_value(v) -> str:
         return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else f"{v:g}"
     if isinstance(v, str):
         return repr(v)
+    if isinstance(v, int) and abs(v) >= 10**30:  # JSON integers have no size limit
+        digits = len(str(abs(v)))
+        return f"{str(v)[:12]}... ({digits} digits)"
     return str(v)
 
 

@@ -85,3 +85,42 @@ def test_rules_between_keys():
     ]:
         with pytest.raises(LimitError, match=re.escape(msg)):
             check(**over)
+
+
+BIG = 10**400  # a JSON integer has no size limit; float() of it raises OverflowError
+
+
+def test_huge_integers_are_refused_by_every_limit():
+    for lim in LIMITS:
+        with pytest.raises(LimitError) as e:
+            lim.check(BIG)
+        assert "(401 digits)" in str(e.value) and lim.gguf_key in str(e.value)
+
+
+@pytest.mark.parametrize("key", ["vocab_size", "rms_norm_eps", "max_position_embeddings", "mask_token_id"])
+@pytest.mark.parametrize("command", ["inspect", "convert", "run"])
+def test_huge_integer_in_config_json_is_one_line(tmp_path, key, command):
+    """Issue 26 defect 7: a 400-digit integer in config.json was an OverflowError traceback."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+    from testdata import VECTORS
+
+    from clover_gguf.cli import cli
+
+    model = tmp_path / "m"
+    shutil.copytree(VECTORS / "random-clover", model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg[key] = BIG
+    (model / "config.json").write_text(json.dumps(cfg))
+    args = {
+        "inspect": ["inspect", str(model)],
+        "convert": ["convert", str(model), "-o", str(tmp_path / "o.gguf")],
+        "run": ["run", str(model), "--prompt-ids", "1"],
+    }[command]
+    res = CliRunner().invoke(cli, args)
+    assert not isinstance(res.exception, OverflowError), res.exception
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1, res.stderr
+    assert f"key '{key}'" in res.stderr and "digits" in res.stderr, res.stderr
+    assert not (tmp_path / "o.gguf").exists()
