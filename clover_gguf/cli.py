@@ -513,6 +513,7 @@ def plan_cmd(
     """
     import json as _json
 
+    from .outputs import check_replaceable
     from .plan import PlanError, format_plan, make_plan
     from .plan import calibrate as C
     from .plan.fit import Curves
@@ -526,6 +527,8 @@ def plan_cmd(
         if calibrate_files or validate_files:
             click.echo(C.command(calibrate_files, validate_files, calibrations, threads, as_json))
             return
+        if write_recipe:
+            check_replaceable(write_recipe, force=True)  # before the work
         cpu, kern = C.load_calibrations(calibrations)
         p = make_plan(
             open_source(model, shape),

@@ -21,6 +21,7 @@ from .constants import (
     dims,
 )
 from .limits import TOKEN_ID_KEYS, LimitError, check_config_values, check_token_id, fmt_value
+from .outputs import write_json
 
 
 class ConfigError(ValueError):
@@ -130,7 +131,7 @@ class CloverConfig:
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
-        p.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_json(p, self.to_dict())
 
     def sha256(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()

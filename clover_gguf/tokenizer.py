@@ -30,6 +30,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .constants import TOKENIZER_PRE_NAME
+from .outputs import write_json, write_text
 
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -203,8 +204,8 @@ def _add_tool_tokens(tok: Tokenizer) -> None:
 def save_tokenizer(tok: Tokenizer, out_dir: str | Path, n_bpe: int) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(n_bpe), indent=2) + "\n")
+    write_text(out / "tokenizer.json", tok.to_str(pretty=True))
+    write_json(out / "tokenizer_config.json", tokenizer_config(n_bpe), indent=2)
 
 
 def add_tool_tokens(src_dir: str | Path, out_dir: str | Path) -> CloverTokenizer:

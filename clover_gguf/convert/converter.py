@@ -14,12 +14,8 @@
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
 import shutil
 import signal
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +30,7 @@ from gguf.gguf_writer import WriterState
 from ..checkpoint import Checkpoint, CheckpointError
 from ..config import ConfigError
 from ..constants import ARCH, Keys
+from ..outputs import OutputError, check_replaceable, output_file
 from ..util import default_threads
 from . import ConvertError
 from .metadata import load_vocab, metadata
@@ -173,27 +170,13 @@ def _input_files(model_dir: Path, ck: Checkpoint) -> set[Path]:
 def _check_output(out: Path, inputs: set[Path], force: bool, need: int) -> None:
     if out.resolve() in inputs:
         raise ConvertError(f"{out}: refusing to overwrite an input file")
-    if not out.parent.is_dir():
-        raise ConvertError(f"{out.parent}: output folder does not exist")
-    _check_replaceable(out, force)
+    try:
+        check_replaceable(out, force, tag="convert")
+    except OutputError as e:
+        raise ConvertError(str(e)) from None
     free = shutil.disk_usage(out.parent).free
     if free < need + (16 << 20):
         raise ConvertError(f"{out.parent}: not enough disk space ({fmt_bytes(free)} free, {fmt_bytes(need)} needed)")
-
-
-def _check_replaceable(out: Path, force: bool) -> None:
-    """Nothing at ``out``, or (with force) a regular file: never a device, folder, link, ..."""
-    try:
-        st = os.lstat(out)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        raise ConvertError(f"{out}: is a directory")
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-        raise ConvertError(f"{out}: exists and is {kind}; --force replaces regular files only")
-    if not force:
-        raise ConvertError(f"{out}: exists (use --force to overwrite)")
 
 
 # ---- write ------------------------------------------------------------------------------
@@ -227,94 +210,26 @@ def _signals_for_writing():
             signal.signal(sig, h)
 
 
-def _lock_temporary(tmp: Path, out: Path, notes: list[str]) -> int:
-    """Open ``tmp`` exclusively locked (flock; the kernel releases it when a process dies, so a
-    killed conversion never blocks the next one) and empty; names a stale one it clears."""
-    for _ in range(100):
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConvertError(
-                f"{out}: another conversion is writing it (its temporary file {tmp} is locked)"
-            ) from None
-        st = os.fstat(fd)
-        try:
-            same = os.stat(tmp).st_ino == st.st_ino
-        except FileNotFoundError:
-            same = False
-        if not same or st.st_nlink > 1:
-            # published (or being published) by another run after we opened it: start over
-            if same:
-                tmp.unlink(missing_ok=True)
-            os.close(fd)
-            continue
-        if st.st_size:
-            notes.append(f"removed {tmp}, a temporary file ({fmt_bytes(st.st_size)}) left by an interrupted conversion")
-            os.ftruncate(fd, 0)
-        return fd
-    raise ConvertError(f"{out}: could not lock {tmp}")
-
-
-def _publish(tmp: Path, out: Path, force: bool) -> None:
-    """Give the finished temporary file the final name: with force, replacing a regular file;
-    without, only if the name is still free (a hard link fails when it exists, so of two
-    conversions to the same path one wins whole and the other fails cleanly)."""
-    if force:
-        _check_replaceable(out, True)
-        os.replace(tmp, out)
-        return
-    try:
-        os.link(tmp, out)
-    except FileExistsError:
-        raise ConvertError(
-            f"{out}: created by another process during this conversion; not replaced (use --force to overwrite)"
-        ) from None
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-            raise
-        _check_replaceable(out, False)  # no hard links on this filesystem: check, then rename
-        os.replace(tmp, out)
-        return
-    os.unlink(tmp)
-
-
 @contextmanager
 def temporary_output(out: Path, force: bool = False, notes: list[str] | None = None) -> Iterator:
-    """A file open for writing under a temporary name in ``out``'s folder (locked: one
-    conversion per output at a time), published as ``out`` when the block completes and
-    removed when it fails or is interrupted (SIGTERM included). A SIGKILL leaves only the
-    temporary file, which the next conversion to ``out`` removes and names in ``notes``."""
-    tmp = out.with_name(f".{out.name}.convert.tmp")
+    """outputs.output_file (a new temporary file, locked, published when the block completes,
+    removed on any error) with SIGTERM/SIGHUP unwinding it, and errors as ConvertError. A
+    SIGKILL leaves only the temporary file, which the next conversion to ``out`` removes and
+    names in ``notes``."""
     try:
-        fd = _lock_temporary(tmp, out, notes if notes is not None else [])
-    except OSError as e:
-        raise ConvertError(f"{out}: cannot create a temporary file in its folder ({e.strerror or e})") from None
-    f = os.fdopen(fd, "wb")
-    try:
-        with _signals_for_writing():
+        with _signals_for_writing(), output_file(out, force, notes, tag="convert") as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
-            _publish(tmp, out, force)
-        f.close()  # releases the lock, after the publish
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        try:
-            f.close()
-        except OSError:
-            pass
-        if isinstance(exc, TensorError):
-            exc.output = out
-            raise
-        if isinstance(exc, KeyboardInterrupt):
-            exc.add_note("no output written")
-            raise
-        if isinstance(exc, ConvertError):
-            raise
-        if isinstance(exc, OSError):
-            raise ConvertError(f"{out}: {exc.strerror or exc}; no output written") from exc
+    except TensorError as exc:
+        exc.output = out
+        raise
+    except KeyboardInterrupt as exc:
+        exc.add_note("no output written")
+        raise
+    except (ConvertError, OutputError) as exc:
+        raise ConvertError(str(exc)) from None
+    except OSError as exc:
+        raise ConvertError(f"{exc.filename or out}: {exc.strerror or exc}; no output written") from exc
+    except Exception as exc:
         raise ConvertError(f"{out}: {type(exc).__name__}: {exc}; no output written") from exc
 
 

@@ -150,10 +150,11 @@ def write_imatrix(
 ) -> None:
     """Write llama.cpp's GGUF imatrix. sums[name] [n_mat, n_per_row], counts[name] [n_mat]."""
     from gguf import GGUFValueType, GGUFWriter
+    from gguf.gguf_writer import WriterState
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    w = GGUFWriter(tmp, arch=ARCH)
+    from ..outputs import output_file
+
+    w = GGUFWriter(path=None, arch=ARCH)
     w.kv_data[0].clear()  # llama.cpp's imatrix files carry no general.architecture
     w.add_key_value("general.type", GENERAL_TYPE_IMATRIX, GGUFValueType.STRING)
     w.add_key_value(Keys.IMATRIX_DATASETS, list(datasets), GGUFValueType.ARRAY, sub_type=GGUFValueType.STRING)
@@ -166,16 +167,11 @@ def write_imatrix(
             raise ValueError(f"{name}: sums {s.shape} and counts {c.shape} disagree")
         w.add_tensor(name + IMATRIX_SUM2_SUFFIX, s)
         w.add_tensor(name + IMATRIX_COUNTS_SUFFIX, c)
-    try:
+    with output_file(path, force=True) as f:
+        w.fout, w.state = [f], WriterState.EMPTY
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
-        w.close()
-        tmp.replace(path)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------------------------------
@@ -261,9 +257,14 @@ def compute_imatrix(
 ) -> Imatrix:
     """Run the reference model over ``text_file`` in chunks of ``n_ctx`` tokens and write
     llama.cpp's GGUF imatrix to ``out_path``. ``token_ids`` (a list) bypasses the tokenizer."""
+    from ..outputs import check_replaceable
     from ..reference.model import CloverModel
 
     model_dir = Path(model_dir)
+    check_replaceable(out_path, force=True)  # before the work: never a link, FIFO, device, folder
+    inputs = [*model_dir.iterdir(), *([Path(text_file)] if text_file is not None else [])]
+    if Path(out_path).resolve() in {p.resolve() for p in inputs}:
+        raise ValueError(f"{out_path}: refusing to overwrite an input file")
     model = CloverModel.from_pretrained(model_dir, dtype=torch.float32)
     c = model.config
     B = block_size or c.block_size

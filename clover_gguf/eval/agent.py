@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..outputs import save_figure, write_json, write_text
 from ..util import EVALDATA
 from .metrics import spread
 
@@ -309,9 +310,7 @@ def run_agent_bench(
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "agent.json.tmp"
-    tmp.write_text(json.dumps(run, indent=1))
-    tmp.replace(out / "agent.json")
+    write_json(out / "agent.json", run)
     render_agent(run, out)
     return run
 
@@ -462,7 +461,7 @@ def plot_timeline(run: dict, path: Path) -> None:
     ax.legend(handles=[Patch(color=c, label=lab) for c, lab in parts.values()], loc="lower right", fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -471,5 +470,5 @@ def render_agent(run: dict, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plot_timeline(run, out / "timeline.png")
     md = out / "report.md"
-    md.write_text(agent_markdown(run, "timeline.png"))
+    write_text(md, agent_markdown(run, "timeline.png"))
     return md

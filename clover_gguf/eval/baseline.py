@@ -24,6 +24,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..outputs import write_json
+
 BASELINE_FILES = [
     ("BF16", dict(recipe="bf16")),
     ("Q8_0", dict(recipe="q8_0")),
@@ -146,7 +148,7 @@ def add_rows(
         {"names": names, "environment": q["config"]["environment"], "seconds": q.get("seconds")}
     )
     out.mkdir(parents=True, exist_ok=True)
-    run_file.write_text(json.dumps(bundle, indent=1) + "\n")
+    write_json(run_file, bundle)
     render(bundle, out, title=bundle["title"])
     return bundle
 
@@ -185,7 +187,7 @@ def run_baseline(
     rt_ok = runtime_status()[0]
     if "quality" in stages:
         q = _score(reference, files, sampling, generation, work / "quality", threads, runtime_threads, log)
-        (work / "quality.json").write_text(json.dumps(q, indent=1) + "\n")
+        write_json(work / "quality.json", q)
     if "sensitivity" in stages and sensitivity:
         skw = dict(sens_kw or {})
         s = run_sensitivity(
@@ -197,7 +199,7 @@ def run_baseline(
             threads=threads,
             **skw,
         )
-        (work / "sensitivity.json").write_text(json.dumps(s, indent=1) + "\n")
+        write_json(work / "sensitivity.json", s)
     if "speed" in stages and speed:
         sp_paths, sp_names = paths, names
         if not rt_ok:
@@ -206,7 +208,7 @@ def run_baseline(
             keep = [i for i, n in enumerate(names) if n in ("BF16", "Q4_K-experts")]
             sp_paths, sp_names = [paths[i] for i in keep], [names[i] for i in keep]
         sp = run_speed(sp_paths, reference=reference, names=sp_names, log=log, **(speed_kw or {}))
-        (work / "speed.json").write_text(json.dumps(sp, indent=1) + "\n")
+        write_json(work / "speed.json", sp)
     if "bundle" not in stages:
         return None
     secs = {}
@@ -228,6 +230,6 @@ def run_baseline(
     if summary:
         bundle["summary"] = summary
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(json.dumps(bundle, indent=1) + "\n")
+    write_json(out / "run.json", bundle)
     render(bundle, out, title=bundle["title"])
     return bundle

@@ -17,7 +17,6 @@ Timings are medians with p10/p90 over the rounds; ratios are Clover's time over 
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections import defaultdict
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import preset
+from ..outputs import save_figure, write_json, write_text
 from ..reference.generate import GenerationConfig
 from .metrics import spread
 
@@ -196,7 +196,7 @@ def run_passes(cfg: PassesConfig, log=print) -> dict:
         "runs": runs,
     }
     cfg.out.mkdir(parents=True, exist_ok=True)
-    (cfg.out / "passes.json").write_text(json.dumps(bundle, indent=1) + "\n")
+    write_json(cfg.out / "passes.json", bundle)
     render_passes(bundle, cfg.out)
     return bundle
 
@@ -295,7 +295,7 @@ def plot_passes(bundle: dict, path: Path) -> None:
     ax.set_title("Clover's passes vs llama.cpp's own (Qwen3-MoE twin), same build")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -313,5 +313,5 @@ def render_passes(bundle: dict, out: Path) -> Path:
     end = bundle.get("environment_end", {}).get("cpu", {}).get("loadavg_at_start")
     md.append(f"- load average at the end: {end}\n")
     path = out / "report.md"
-    path.write_text("\n".join(md).rstrip() + "\n")
+    write_text(path, "\n".join(md).rstrip() + "\n")
     return path

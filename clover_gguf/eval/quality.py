@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..constants import DEFAULT_THRESHOLD
+from ..outputs import output_file, write_json
 from ..util import EVALDATA, default_threads
 from . import backends as bk
 from .corpus import (
@@ -104,7 +105,8 @@ def reference_logits(provider, samples: SampleSet, k, exclude: int | None, log=p
 
 def save_compact(path: Path, c: CompactLogits, meta: dict, calib=None, cidx=None) -> None:
     extra = {} if calib is None else {"calib_logits": calib.numpy(), "calib_idx": cidx.numpy()}
-    np.savez(path, meta=np.array(json.dumps(meta)), **c.to_numpy(), **extra)
+    with output_file(path, force=True) as f:
+        np.savez(f, meta=np.array(json.dumps(meta)), **c.to_numpy(), **extra)
 
 
 def load_compact(path: Path):
@@ -537,7 +539,7 @@ class QualityRun:
 
     def save(self, path) -> Path:
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_json(path, self.to_dict())
         return path
 
 

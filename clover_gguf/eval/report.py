@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+from ..outputs import save_figure, write_text
+
 MiB = 1024 * 1024
 
 
@@ -311,7 +313,7 @@ def plot_pareto(q: dict, path: Path, sens: dict | None = None) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -333,7 +335,7 @@ def plot_drift(q: dict, path: Path) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -412,7 +414,7 @@ def plot_sensitivity(s: dict, path: Path) -> None:
     ax.set_title("Per-group sensitivity")
     plt.setp(ax.get_xticklabels(), rotation=25, ha="right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -526,7 +528,7 @@ def plot_speed(sp: dict, path: Path) -> bool:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return True
 
@@ -675,5 +677,5 @@ def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str
         c = config_markdown(env)
         md.append(c.replace("## Configuration", f"## Configuration ({k} run)", 1) if len(envs) > 1 else c)
     path = out / "report.md"
-    path.write_text("\n".join(md).rstrip() + "\n")
+    write_text(path, "\n".join(md).rstrip() + "\n")
     return path

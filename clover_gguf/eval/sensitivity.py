@@ -9,12 +9,12 @@ and after.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
 
 from ..constants import TENSOR_GROUPS
+from ..outputs import write_json
 from .quality import Generation, Sampling, run_quality
 
 DEFAULT_GROUPS = ("experts_gate_up", "experts_down", "attention", "memory", "shared_expert", "embeddings", "output")
@@ -134,5 +134,5 @@ def run_sensitivity(
         "notes": q["notes"],
         "seconds": time.perf_counter() - t0,
     }
-    (out_dir / "sensitivity.json").write_text(json.dumps(run, indent=1) + "\n")
+    write_json(out_dir / "sensitivity.json", run)
     return run

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from ..constants import DEFAULT_THRESHOLD
+from ..outputs import write_json
 from ..util import REPO_ROOT
 from .metrics import spread
 
@@ -399,7 +400,7 @@ def run_speed(
     }
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "speed.json").write_text(json.dumps(run, indent=1) + "\n")
+        write_json(Path(out_dir) / "speed.json", run)
     return run
 
 

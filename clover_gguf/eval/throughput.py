@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..outputs import write_json, write_text
 from .metrics import spread
 
 PROMPTS = [
@@ -173,10 +174,8 @@ def run_throughput(
         },
         "results": results,
     }
-    tmp = out / "throughput.json.tmp"
-    tmp.write_text(json.dumps(run, indent=1))
-    tmp.replace(out / "throughput.json")
-    (out / "throughput.md").write_text(throughput_markdown(run))
+    write_json(out / "throughput.json", run)
+    write_text(out / "throughput.md", throughput_markdown(run))
     return run
 
 

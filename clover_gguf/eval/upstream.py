@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf.gguf_writer import WriterState
 
 from ..constants import ARCH, Keys
+from ..outputs import output_file
 
 TWIN_ARCH = "qwen3moe"
 # Clover keys with the same meaning in qwen3moe (suffix after "{arch}.")
@@ -46,7 +48,7 @@ def write_twin(clover_gguf: str | Path, out: str | Path) -> Path:
 
     out = Path(out)
     r = GGUFReader(clover_gguf)
-    w = GGUFWriter(str(out) + ".tmp", TWIN_ARCH)
+    w = GGUFWriter(None, TWIN_ARCH)
     for suffix in _SHARED_KEYS:
         f = r.get_field(f"{ARCH}.{suffix}")
         if f is not None:
@@ -61,11 +63,11 @@ def write_twin(clover_gguf: str | Path, out: str | Path) -> Path:
     for t in r.tensors:
         if re.match(_TWIN_TENSOR, t.name):
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)  # quantized data is byte-shaped
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    Path(str(out) + ".tmp").replace(out)
+    with output_file(out, force=True) as f:
+        w.fout, w.state = [f], WriterState.EMPTY
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
     return out
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from ..outputs import write_json
 
 
 def _fingerprint(path: Path) -> list:
@@ -53,7 +54,5 @@ def converted(reference, path, log=print, **options) -> Path:
     log(f"convert {path.name}: {options}")
     stamp_path.unlink(missing_ok=True)
     convert(reference, path, force=True, progress=False, log=lambda *a, **k: None, **options)
-    tmp = stamp_path.with_name(stamp_path.name + ".tmp")
-    tmp.write_text(json.dumps(stamp, indent=1))
-    os.replace(tmp, stamp_path)
+    write_json(stamp_path, stamp)
     return path

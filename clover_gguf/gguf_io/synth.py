@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from tqdm import tqdm
 from ..checkpoint import INDEX_NAME, SINGLE_NAME
 from ..config import CloverConfig
 from ..constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER
+from ..outputs import check_replaceable, output_file, write_json
 
 _ST_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
@@ -91,6 +91,8 @@ def write_synthetic(
         if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
+    for fname in [*names, INDEX_NAME, "config.json"]:  # before the work
+        check_replaceable(out / fname, force=True)
     total = sum(sizes.values())
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="synth", disable=not progress)
     weight_map = {}
@@ -102,8 +104,7 @@ def write_synthetic(
             weight_map[n] = fname
         hjson = json.dumps(header, separators=(",", ":")).encode()
         hjson += b" " * (-len(hjson) % 8)
-        tmp = out / (fname + ".tmp")
-        with open(tmp, "wb") as f:
+        with output_file(out / fname, force=True) as f:
             f.write(struct.pack("<Q", len(hjson)))
             f.write(hjson)
             for n in members:
@@ -111,12 +112,9 @@ def write_synthetic(
                 f.write(t.view(torch.uint8).numpy().tobytes() if dtype == torch.bfloat16 else t.numpy().tobytes())
                 bar.update(sizes[n])
                 del t
-        os.replace(tmp, out / fname)
     bar.close()
     if len(shards) > 1:
-        (out / INDEX_NAME).write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n"
-        )
+        write_json(out / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
     config.save(out / "config.json")
     return out
 
@@ -189,6 +187,7 @@ def write_synthetic_gguf(
     from ..util import default_threads
 
     out = Path(out_path)
+    check_replaceable(out, force=True, tag="convert")  # before the work
     if layers is not None:
         config = CloverConfig.from_dict({**config.to_dict(), "num_hidden_layers": layers})
     threads = threads or default_threads()
@@ -213,6 +212,6 @@ def write_synthetic_gguf(
                 bar.update(e.nbytes)
             bar.close()
 
-    with temporary_output(out) as f:
+    with temporary_output(out, force=True) as f:
         write_gguf(f, plan, kv, _Data())
     return out

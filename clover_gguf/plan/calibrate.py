@@ -20,6 +20,7 @@ import numpy as np
 
 from ..convert.plan import build_plan
 from ..convert.recipes import TypeRules
+from ..outputs import check_replaceable, write_json
 from . import cost
 from .kernels import KernelTable
 from .sizes import PlanError
@@ -145,7 +146,7 @@ def calibrate(files, threads: int, out: Path, repeats: int = 5, log=print) -> co
     cal.save(out)
     # the raw points beside it, to refit without measuring again
     pts = [{"file": w.file, "what": lb, "features": x, "ms": t} for x, t, lb, w in rows]
-    out.with_suffix(".points.json").write_text(json.dumps(pts, indent=1) + "\n")
+    write_json(out.with_suffix(".points.json"), pts)
     for x, t, label, _ in rows:
         p = cal.ms(int(x[1]), x[2] * 1e6, x[3] * 1e6, x[4] * 1e6, (x[5] * 1e6, x[6] * 1e6))
         log(f"  fit: {label:<12} measured {t:9.2f} ms  model {p:9.2f} ms  ({100 * (p - t) / t:+.0f} %)")
@@ -227,6 +228,10 @@ def command(calibrate_files, validate_files, calibrations, threads, as_json: boo
     if calibrations and not mine:
         raise PlanError("--calibrate writes a CPU calibration: give it its own --calibration FILE")
     out = mine[0] if mine else cost.default_calibration_path()
+    if calibrate_files:  # before measuring: never a link, FIFO, device or folder
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for p in (out, out.with_suffix(".points.json")):
+            check_replaceable(p, force=True)
     th = threads or default_threads()
     lines = []
     if calibrate_files:
@@ -247,10 +252,4 @@ def write_recipe(p: dict, path) -> None:
     if fit is None:
         raise PlanError("no fit recipe fits this VRAM")
     opt = next(o for o in p["options"] if o["kind"] == "fit")
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(
-        json.dumps({"budget_bytes": fit["budget_bytes"], "types": opt["types"], "convert": opt["convert"]}, indent=1)
-        + "\n"
-    )
-    tmp.replace(path)
+    write_json(path, {"budget_bytes": fit["budget_bytes"], "types": opt["types"], "convert": opt["convert"]})

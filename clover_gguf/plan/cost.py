@@ -92,8 +92,10 @@ class CpuCalibration:
         )
 
     def save(self, path: Path) -> None:
+        from ..outputs import write_json
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        write_json(path, asdict(self))
 
     @classmethod
     def load(cls, path: Path | None = None) -> CpuCalibration:

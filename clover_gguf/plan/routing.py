@@ -240,7 +240,6 @@ def measure(
 
 
 def write(data: dict, out: Path) -> None:
-    out = Path(out)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(out)
+    from ..outputs import write_json
+
+    write_json(out, data)

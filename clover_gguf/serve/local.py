@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ..outputs import open_log
 from ..util import REPO_ROOT
 
 
@@ -46,7 +47,7 @@ class LocalServer:
         cmd = [sys.executable, "-m", "clover_gguf.cli", "serve", self.gguf, "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), *self.args]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-        self._log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self._log = open_log(self.log_path) if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:

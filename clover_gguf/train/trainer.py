@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import CloverConfig
+from ..outputs import output_file, write_bytes, write_json
 from ..reference.model import CloverModel
 
 LN2 = math.log(2.0)
@@ -286,14 +286,12 @@ def evaluate_heldout(
 
 def save_hf(model: CloverModel, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
     """model.safetensors (HF names, per-expert layout, BF16) + config.json in out_dir."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sd = {k: v.to("cpu", dtype).contiguous() for k, v in model.hf_state_dict().items()}
-    tmp = out / "model.safetensors.tmp"
-    save_file(sd, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / "model.safetensors")
+    write_bytes(out / "model.safetensors", save(sd, metadata={"format": "pt"}))
     model.config.save(out / "config.json")
     return out / "model.safetensors"
 
@@ -438,9 +436,8 @@ def uncompile_model(model: CloverModel) -> CloverModel:
 
 def _atomic_torch_save(obj, path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with output_file(path, force=True) as f:
+        torch.save(obj, f)
 
 
 def train(
@@ -529,9 +526,7 @@ def train(
         _atomic_torch_save(
             {"model": weights(), "opt": opt.state_dict(), "gen": gen.get_state(), "log": log}, ckpt_dir / "ckpt-last.pt"
         )
-        tmp = ckpt_dir / "train_log.json.tmp"
-        tmp.write_text(json.dumps(log))
-        os.replace(tmp, ckpt_dir / "train_log.json")
+        write_json(ckpt_dir / "train_log.json", log, indent=None)
         save_hf(model, ckpt_dir / "hf")
 
     while True:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..outputs import write_bytes, write_json
 from ..tokenizer import add_tool_tokens
 
 GROWN_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
@@ -26,7 +27,7 @@ def grow_rows(w: torch.Tensor, n_new: int) -> torch.Tensor:
 def add_tool_tokens_to_model(src: str | Path, out: str | Path) -> int:
     """Copy the model folder `src` to `out` with the tool tokens appended to its tokenizer and
     the embedding and output rows grown to match. Returns the new vocabulary size."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
 
     src, out = Path(src), Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -38,11 +39,9 @@ def add_tool_tokens_to_model(src: str | Path, out: str | Path) -> int:
         if sd[name].shape[0] != n_old:
             raise ValueError(f"{src}: {name} has {sd[name].shape[0]} rows, config.json says vocab_size {n_old}")
         sd[name] = grow_rows(sd[name], n_new - n_old)
-    tmp = out / "model.safetensors.tmp"
-    save_file(sd, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out / "model.safetensors")
+    write_bytes(out / "model.safetensors", save(sd, metadata={"format": "pt"}))
     cfg["vocab_size"] = n_new
-    (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    write_json(out / "config.json", cfg)
     for f in src.iterdir():
         if f.is_file() and not (out / f.name).exists():
             shutil.copy2(f, out / f.name)

@@ -66,7 +66,7 @@ def test_value_beyond_the_target_type(tmp_path, kw, name):
 
 def test_force_never_replaces_a_device(tmp_path):
     st = os.stat("/dev/null")
-    with pytest.raises(ConvertError, match="/dev/null: exists and is not a regular file; --force replaces regular"):
+    with pytest.raises(ConvertError, match="/dev/null: exists and is a device; only regular files are replaced"):
         _conv(VEC, "/dev/null", force=True)
     assert os.stat("/dev/null").st_rdev == st.st_rdev and not os.path.isfile("/dev/null")
 
@@ -74,13 +74,13 @@ def test_force_never_replaces_a_device(tmp_path):
 def test_force_never_replaces_a_fifo_link_or_folder(tmp_path):
     fifo = tmp_path / "fifo.gguf"
     os.mkfifo(fifo)
-    with pytest.raises(ConvertError, match="exists and is not a regular file"):
+    with pytest.raises(ConvertError, match="exists and is a FIFO; only regular files are replaced"):
         _conv(VEC, fifo, force=True)
     target = tmp_path / "target.gguf"
     target.write_bytes(b"keep")
     link = tmp_path / "link.gguf"
     link.symlink_to(target)
-    with pytest.raises(ConvertError, match="exists and is a symbolic link; --force replaces regular files only"):
+    with pytest.raises(ConvertError, match="exists and is a symbolic link; only regular files are replaced"):
         _conv(VEC, link, force=True)
     assert link.is_symlink() and target.read_bytes() == b"keep"
     (tmp_path / "dir.gguf").mkdir()
@@ -128,7 +128,7 @@ def test_sigkill_leaves_no_output_and_the_next_run_removes_the_leftover(slow_mod
     assert p.returncode == -signal.SIGKILL
     assert not out.exists() and tmp.exists()  # only the temporary name
     res = _conv(slow_model, out, threads=1)
-    assert any(f"removed {tmp}, a temporary file" in n and "interrupted conversion" in n for n in res.notes)
+    assert any(f"removed {tmp}, a temporary file" in n and "interrupted run" in n for n in res.notes)
     assert sorted(x.name for x in tmp_path.iterdir()) == ["o.gguf"]
     assert len(GGUFReader(out).tensors) == len(res.plan.entries)
 
@@ -158,7 +158,7 @@ def test_concurrent_conversions_one_wins_whole(slow_model, tmp_path):
     assert codes == [0, 1], results
     err = next(e for rc, e in results if rc == 1)
     assert "Traceback" not in err and err.strip().count("\n") == 0
-    assert any(s in err for s in ("another conversion is writing it", "exists (use --force", "created by another"))
+    assert any(s in err for s in ("another process is writing it", "exists (use --force", "created by another"))
     assert out.read_bytes() == ref.read_bytes()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["o.gguf", "ref.gguf"]
 
@@ -174,7 +174,7 @@ def test_output_created_by_someone_else_meanwhile_is_kept(tmp_path, monkeypatch)
         out.write_bytes(b"the other conversion")
 
     monkeypatch.setattr(converter, "write_gguf", write_then_someone_else_publishes)
-    with pytest.raises(ConvertError, match="created by another process during this conversion; not replaced"):
+    with pytest.raises(ConvertError, match="created by another process while this one was written; not replaced"):
         _conv(VEC, out)
     assert out.read_bytes() == b"the other conversion"
     assert sorted(x.name for x in tmp_path.iterdir()) == ["o.gguf"]
@@ -186,7 +186,7 @@ def test_locked_temporary_file_means_a_conversion_is_running(tmp_path):
     out = tmp_path / "o.gguf"
     with open(tmp_path / ".o.gguf.convert.tmp", "wb") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        with pytest.raises(ConvertError, match="another conversion is writing it"):
+        with pytest.raises(ConvertError, match="another process is writing it"):
             _conv(VEC, out)
     assert not out.exists()
 
