@@ -10,6 +10,7 @@ import click
 
 from . import __version__
 from .constants import DEFAULT_THRESHOLD
+from .options import option_type
 
 
 class OneLineErrors(click.Group):
@@ -49,58 +50,36 @@ def _ids(ctx, param, value):
         raise click.BadParameter("token ids must be integers separated by commas or spaces") from None
 
 
-class Finite(click.ParamType):
-    """A finite float in [lo, hi] (click's FloatRange lets NaN through)."""
-
-    name = "float"
-
-    def __init__(self, lo: float, hi: float, lo_open: bool = False):
-        self.lo, self.hi, self.lo_open = lo, hi, lo_open
-
-    def convert(self, value, param, ctx):
-        import math
-
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        ok = math.isfinite(v) and (v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
-        if not ok:
-            self.fail(
-                f"{value} is not a finite number in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]", param, ctx
-            )
-        return v
-
-
-MAX_BLOCK = 1024  # limits.py: diffusion.block_size
-
-
 @cli.command("run")
 @click.argument("model", required=False, type=click.Path(exists=True))
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("--prompt-ids", callback=_ids, help="Prompt as token ids (e.g. '1,2,3'), for models without a tokenizer.")
-@click.option("-n", "--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 24))
-@click.option("--block-size", type=click.IntRange(1, MAX_BLOCK), help="Decoding block size [default: the model's].")
-@click.option("--steps", type=click.IntRange(1, MAX_BLOCK), help="`steps` schedule: denoising steps per block.")
+@click.option("-n", "--max-new-tokens", default=64, show_default=True, type=option_type("max_new_tokens"))
+@click.option("--block-size", type=option_type("block_size"), help="Decoding block size [default: the model's].")
+@click.option("--steps", type=option_type("steps"), help="`steps` schedule: denoising steps per block.")
 @click.option(
     "--threshold",
-    type=Finite(0, 1),
+    type=option_type("threshold"),
     help=f"`threshold` schedule: unmask every token this confident [default: {DEFAULT_THRESHOLD}].",
 )
-@click.option("--temp", default=0.0, show_default=True, type=Finite(0, 100), help="Temperature; 0 is greedy.")
-@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--top-p", default=1.0, show_default=True, type=Finite(0, 1, lo_open=True))
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1))
+@click.option(
+    "--temp", default=0.0, show_default=True, type=option_type("temperature"), help="Temperature; 0 is greedy."
+)
+@click.option(
+    "--top-k", default=0, show_default=True, type=option_type("top_k"), help="Keep the k most probable tokens (0: off)."
+)
+@click.option("--top-p", default=1.0, show_default=True, type=option_type("top_p"))
+@click.option("--seed", default=0, show_default=True, type=option_type("seed"))
 @click.option("--chat", is_flag=True, help="Apply the model's chat template to the prompt.")
 @click.option("--think/--no-think", default=True, show_default=True, help="Thinking mode of the chat template.")
 @click.option("--system", help="System message for --chat.")
-@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads.")
+@click.option("-t", "--threads", type=option_type("threads"), help="CPU threads.")
 @click.option(
     "-ngl",
     "--n-gpu-layers",
     default=0,
     show_default=True,
-    type=click.IntRange(-1, 1024),
+    type=option_type("n_gpu_layers"),
     help="Layers offloaded to the GPU (.gguf only).",
 )
 @click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading (.gguf only).")
@@ -229,9 +208,9 @@ def run_cmd(
 @click.argument("out", type=click.Path())
 @click.option("--preset", "preset_name", help="Shapes of a named model (clover-35b-a3b, clover-tiny).")
 @click.option("--config", "config_path", type=click.Path(exists=True), help="Shapes from a config.json instead.")
-@click.option("--layers", type=click.IntRange(1, 512), help="Override the number of layers.")
+@click.option("--layers", type=option_type("layers"), help="Override the number of layers.")
 @click.option(
-    "--shard-size-mb", default=2000.0, show_default=True, type=Finite(0, 1e7, lo_open=True), help="Maximum shard size."
+    "--shard-size-mb", default=2000.0, show_default=True, type=option_type("shard_size_mb"), help="Maximum shard size."
 )
 @click.option("--fused", is_flag=True, help="Write experts fused (gate_up_proj/down_proj) instead of per expert.")
 @click.option(
@@ -241,7 +220,7 @@ def run_cmd(
     help="Write OUT as a GGUF of random quantized blocks in the --recipe's types, directly (no BF16 checkpoint).",
 )
 @click.option("--recipe", default="q4_k_m", show_default=True, help="Types of the --gguf file (a convert recipe).")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--seed", default=0, show_default=True, type=option_type("seed"))
 def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gguf, recipe, seed):
     """Write a seeded synthetic model with real shapes and random weights: a BF16 safetensors
     checkpoint folder OUT (sharded), or with --gguf a GGUF file OUT.
@@ -312,7 +291,7 @@ def _recipe_help() -> str:
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (tensors, types, sizes, bits per weight) and exit.")
-@click.option("-t", "--threads", type=click.IntRange(min=1), help="Quantization threads [default: all cores].")
+@click.option("-t", "--threads", type=option_type("threads"), help="Quantization threads [default: all cores].")
 @click.option(
     "--backend",
     type=click.Choice(["auto", "ggml", "numpy"]),
@@ -420,15 +399,15 @@ def inspect_cmd(path, show_tensors, no_metadata):
     help="Output imatrix (llama.cpp GGUF imatrix format).",
 )
 @click.option(
-    "-c", "--ctx", "n_ctx", default=512, show_default=True, type=click.IntRange(1, 1 << 20), help="Tokens per chunk."
+    "-c", "--ctx", "n_ctx", default=512, show_default=True, type=option_type("n_ctx_chunk"), help="Tokens per chunk."
 )
-@click.option("--chunks", type=click.IntRange(min=1), help="Use at most this many chunks.")
-@click.option("--block-size", type=click.IntRange(1, MAX_BLOCK), help="Block size [default: the model's].")
+@click.option("--chunks", type=option_type("count"), help="Use at most this many chunks.")
+@click.option("--block-size", type=option_type("block_size"), help="Block size [default: the model's].")
 @click.option(
     "--seed",
     default=0,
     show_default=True,
-    type=click.IntRange(min=0),
+    type=option_type("seed"),
     help="Seed of the mask draws of the denoising stream.",
 )
 def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
@@ -463,11 +442,11 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
 @click.option("--free-vram", help="Free VRAM as `run --fit` sees it (after the CUDA context), instead of --vram.")
 @click.option("--ram", help="Host memory for CPU-resident experts, e.g. 64GiB.")
 @click.option("--gpu", help="A GPU of the table (`--gpus` lists them), e.g. rtx5070ti.")
-@click.option("--bandwidth", type=Finite(1, 1e5), help="GPU memory bandwidth in GB/s (overrides the table's).")
-@click.option("--parallel", type=click.IntRange(1, 64), help="Size the state and buffers for `serve --parallel N`.")
 @click.option(
-    "--context", type=click.IntRange(1, 1 << 24), help="Context length (Clover's state does not grow with it)."
+    "--bandwidth", type=option_type("bandwidth"), help="GPU memory bandwidth in GB/s (overrides the table's)."
 )
+@click.option("--parallel", type=option_type("parallel"), help="Size the state and buffers for `serve --parallel N`.")
+@click.option("--context", type=option_type("context"), help="Context length (Clover's state does not grow with it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option(
     "--write-recipe", type=click.Path(dir_okay=False), help="Write the fit recipe (types, convert options) as JSON."
@@ -495,7 +474,7 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
     type=click.Path(),
     help="Print the cost model's error on these GGUFs (CPU).",
 )
-@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads for --calibrate/--validate.")
+@click.option("-t", "--threads", type=option_type("threads"), help="CPU threads for --calibrate/--validate.")
 @click.option("--gpus", "list_gpus", is_flag=True, help="List the GPU table and exit.")
 def plan_cmd(
     model, shape, vram, free_vram, ram, gpu, bandwidth, parallel, context, as_json, write_recipe, curves, calibrations,
@@ -558,8 +537,15 @@ def plan_cmd(
 @cli.command("serve")
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8080, show_default=True)
-@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, help="Layers offloaded to the GPU.")
+@click.option("--port", default=8080, show_default=True, type=option_type("port"))
+@click.option(
+    "-ngl",
+    "--n-gpu-layers",
+    default=0,
+    show_default=True,
+    type=option_type("n_gpu_layers"),
+    help="Layers offloaded to the GPU.",
+)
 @click.option("--experts-on-cpu", is_flag=True, help="Keep routed experts in CPU memory when offloading.")
 @click.option(
     "--fit/--no-fit",
@@ -581,18 +567,29 @@ def plan_cmd(
     help="Map the GGUF (llama.cpp's default); --no-mmap loads it, which puts host-resident experts in pinned "
     "memory that copies to the GPU faster.",
 )
-@click.option("-t", "--threads", type=int, help="CPU threads.")
+@click.option("-t", "--threads", type=option_type("threads"), help="CPU threads.")
 @click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="Require this key (Bearer) on every route but /health.")
 @click.option(
     "-np",
     "--parallel",
     default=1,
     show_default=True,
-    type=click.IntRange(1, 64),
+    type=option_type("parallel"),
     help="Requests decoded together (one sequence each, one graph per denoising step).",
 )
-@click.option("--ctx-cache", default=16, show_default=True, help="Memory snapshots kept for state reuse (0: off).")
-@click.option("-c", "--ctx-size", type=int, help="Context limit in tokens [default: the GGUF's context_length].")
+@click.option(
+    "--ctx-cache",
+    default=16,
+    show_default=True,
+    type=option_type("ctx_cache"),
+    help="Memory snapshots kept for state reuse (0: off).",
+)
+@click.option(
+    "-c",
+    "--ctx-size",
+    type=option_type("ctx_size"),
+    help="Context limit in tokens [default (or 0): the GGUF's context_length].",
+)
 @click.option(
     "--rpc",
     metavar="HOST:PORT[,...]",
@@ -601,7 +598,7 @@ def plan_cmd(
 @click.option(
     "-n",
     "--n-predict",
-    type=int,
+    type=option_type("n_predict"),
     help="Tokens of one reply at most, and chat's default max_tokens [default: 8192; at most the context].",
 )
 @click.option(
@@ -609,7 +606,7 @@ def plan_cmd(
 )
 @click.option(
     "--queue-timeout",
-    type=float,
+    type=option_type("queue_timeout"),
     help="Seconds a request may wait for a free sequence before a 503 (0: no limit) [default: 300].",
 )
 def serve_cmd(
@@ -678,7 +675,7 @@ def runtime_group():
     default=None,
     help="CMAKE_CUDA_ARCHITECTURES, ';' or ',' separated (default 86;89;120;80;90;100).",
 )
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile jobs (ninja default).")
+@click.option("--jobs", "-j", type=option_type("jobs"), default=None, help="Parallel compile jobs (ninja default).")
 @click.option("--force", is_flag=True, help="Rebuild even if the stamp matches.")
 @click.option(
     "--targets", default=None, help="Comma-separated ninja targets instead of the default set (e.g. ggml-cuda)."

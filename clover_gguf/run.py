@@ -112,6 +112,7 @@ def run(
         raise ValueError("--rpc needs a .gguf model (llama.cpp's RPC backend)")
     if model.suffix == ".gguf":
         from .plan.placement import fit_overrides
+        from .plan.vram import runtime_n_ubatch
         from .runtime.bindings import parse_override
         from .runtime.runtime import CloverRuntime
 
@@ -130,6 +131,8 @@ def run(
             rpc_servers=rpc,
             op_offload=op_offload,
             mmap=mmap,
+            # a --block-size past the default batch (256) needs a batch that holds it
+            n_ubatch=runtime_n_ubatch(1, block_size) if block_size else None,
         )
         check_request(prompt, None, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
         text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt

@@ -45,6 +45,7 @@ RUNTIME_TESTS = (
     "tests/plan/test_plan.py::test_run_override_tensor",
     "tests/test_cli_errors.py::test_run_inputs[gguf-",
     "tests/test_cli_errors.py::test_run_missing_gguf_and_folder",
+    "tests/test_options.py::test_block_size_1024_runs_on_a_gguf",
 )
 
 

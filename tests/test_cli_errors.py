@@ -51,7 +51,7 @@ OPTION_CASES = [
     (["--prompt-ids", "1", "-n", "99999999999"], "99999999999 is not in the range 1<=x<=16777216"),
     (["--prompt-ids", "1", "-n", "abc"], "'abc' is not a valid integer"),
     (["--prompt-ids", "1", "--block-size", "-3"], "'--block-size': -3 is not in the range 1<=x<=1024"),
-    (["--prompt-ids", "1", "--threads", "-3"], "-3 is not in the range 1<=x<=1024"),
+    (["--prompt-ids", "1", "--threads", "-3"], "-3 is not in the range 1<=x<=512"),
     (["--prompt-ids", "1", "--seed", "-1"], "-1 is not in the range 0<=x<=4294967295"),
     (["--prompt-ids", "1,x"], "token ids must be integers"),
 ]

@@ -10,17 +10,16 @@ from pathlib import Path
 import click
 
 from ..constants import DEFAULT_THRESHOLD
+from ..options import RANGES, int_list, option_type
 
-POS = click.IntRange(min=1)
-THREADS = click.IntRange(1, 1024)
-BLOCK = click.IntRange(1, 1024)  # limits.py: diffusion.block_size
-UNIT = click.FloatRange(0.0, 1.0)  # NaN is refused by _finite
-
-
-def _finite(ctx, param, value):
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number")
-    return value
+POS = option_type("count")
+THREADS = option_type("threads")
+BLOCK = option_type("block_size")
+STEPS = option_type("steps")
+UNIT = option_type("threshold")
+SEED = option_type("seed")
+MAX_NEW = option_type("max_new_tokens")
+NGL = option_type("n_gpu_layers")
 
 
 def _ratios(s: str) -> tuple[float, ...]:
@@ -40,8 +39,8 @@ def _top_k(s):
         k = int(s)
     except ValueError:
         raise click.BadParameter(f"--top-k {s!r}: a number or auto") from None
-    if k < 1:
-        raise click.BadParameter(f"--top-k {s}: must be at least 1 (or auto)")
+    if not RANGES["vocab"].ok(k):
+        raise click.BadParameter(f"--top-k {s}: must be {RANGES['vocab'].describe()} (or auto)")
     return k
 
 
@@ -98,7 +97,7 @@ def _sample_options(f):
         ),
         click.option("--block-size", type=BLOCK, default=None, help="Block size (default: the model's)."),
         click.option("--ratios", default="0.15,0.5,0.85,1.0", show_default=True, help="Mask ratios."),
-        click.option("--seed", default=1234, show_default=True, type=click.IntRange(0, 2**32 - 1)),
+        click.option("--seed", default=1234, show_default=True, type=SEED),
         click.option(
             "--top-k",
             default="auto",
@@ -142,9 +141,9 @@ def eval_group():
     help="Prompt set (JSONL) for the generation agreement (default evaldata/prompts/clover-tiny-code.jsonl).",
 )
 @click.option("--n-prompts", type=POS, default=None, help="Use the first N prompts of the prompt set.")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 20))
-@click.option("--steps", "gen_steps", type=BLOCK, default=None, help="steps schedule (default block_size/2).")
-@click.option("--threshold", "gen_threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT, callback=_finite)
+@click.option("--max-new-tokens", default=64, show_default=True, type=MAX_NEW)
+@click.option("--steps", "gen_steps", type=STEPS, default=None, help="steps schedule (default block_size/2).")
+@click.option("--threshold", "gen_threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT)
 @click.option("--no-generation", is_flag=True, help="Skip the generation agreement.")
 @click.option("--runtime-threads", type=THREADS, default=None, help="llama.cpp threads (default --threads).")
 @click.option("--name", "names", multiple=True, help="Display name per GGUF, in order.")
@@ -206,7 +205,7 @@ def quality_cmd(
     help="BF16 model dir: adds the PyTorch reference row (the speedup baseline) and the prompt text.",
 )
 @click.option("--runs", default=5, show_default=True, type=POS, help="Recorded runs per figure (median, p10, p90).")
-@click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Unrecorded runs before them.")
+@click.option("--warmup", default=1, show_default=True, type=option_type("warmup"), help="Unrecorded runs before them.")
 @click.option(
     "--backend",
     "backends",
@@ -216,10 +215,10 @@ def quality_cmd(
     show_default=True,
 )
 @click.option("--block-size", default=16, show_default=True, type=BLOCK)
-@click.option("--steps", type=BLOCK, default=None, help="steps schedule (default: threshold schedule).")
-@click.option("--threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT, callback=_finite)
-@click.option("--prompt-len", default=64, show_default=True, type=click.IntRange(1, 1 << 20))
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 20))
+@click.option("--steps", type=STEPS, default=None, help="steps schedule (default: threshold schedule).")
+@click.option("--threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT)
+@click.option("--prompt-len", default=64, show_default=True, type=option_type("prompt_len"))
+@click.option("--max-new-tokens", default=64, show_default=True, type=MAX_NEW)
 @click.option(
     "--sweep",
     "sweeps",
@@ -233,7 +232,7 @@ def quality_cmd(
     "n_gpu_layers",
     default=0,
     show_default=True,
-    type=click.IntRange(-1, 1024),
+    type=NGL,
     help="llama.cpp layers offloaded to the GPU.",
 )
 @click.option("--name", "names", multiple=True)
@@ -291,23 +290,18 @@ def speed_cmd(
     click.echo(f"wrote {render(Path(out_dir) / 'speed.json')}")
 
 
-def _ints(ctx, param, value):
-    try:
-        return tuple(int(x) for x in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: integers separated by commas") from None
-
-
 @eval_group.command("passes")
-@click.option("--layers", default="2,4", show_default=True, callback=_ints, help="Synthetic Clover-35B-A3B depths.")
-@click.option("--threads", default="1,2", show_default=True, callback=_ints)
+@click.option(
+    "--layers", default="2,4", show_default=True, callback=int_list("layers"), help="Synthetic Clover-35B-A3B depths."
+)
+@click.option("--threads", default="1,2", show_default=True, callback=int_list("threads"))
 @click.option(
     "--head", "heads", multiple=True, type=click.Choice(["q8_0", "q4_k_m"]), help="lm_head variant(s) [default: both]."
 )
 @click.option(
-    "--rounds", default=5, show_default=True, type=click.IntRange(1, 1000), help="Recorded rounds (after one warm-up)."
+    "--rounds", default=5, show_default=True, type=option_type("rounds"), help="Recorded rounds (after one warm-up)."
 )
-@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", default=0, show_default=True, type=click.IntRange(0, 1000))
+@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", default=0, show_default=True, type=NGL)
 @click.option(
     "--work",
     type=click.Path(file_okay=False),
@@ -425,7 +419,7 @@ def sensitivity_cmd(
     "--max-new-tokens",
     default=64,
     show_default=True,
-    type=click.IntRange(1, 1 << 20),
+    type=MAX_NEW,
     help="Generation length (quality and speed).",
 )
 @click.option("--sens-type", default="q4_k", show_default=True)
@@ -551,13 +545,15 @@ def baseline_cmd(
 @click.option("--url", help="A running clover-gguf serve (default http://127.0.0.1:8080 when no MODEL is given).")
 @click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="The server's API key.")
 @click.option("--traces", multiple=True, type=click.Path(exists=True), help="Trace files/folders [evaldata/agent].")
-@click.option("--repeats", default=3, show_default=True, help="Replays per trace and mode (median, p10, p90).")
-@click.option("--max-tokens", default=64, show_default=True, help="Reply length per turn.")
-@click.option("--block-size", type=int, help="clover.block_size [default: the model's].")
-@click.option("--steps", type=int, help="clover.steps (default: the threshold schedule).")
-@click.option("--threshold", type=float, help="clover.threshold [server default 0.9].")
-@click.option("-t", "--threads", type=int, help="Server threads (with MODEL).")
-@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, help="Server GPU layers (with MODEL).")
+@click.option(
+    "--repeats", default=3, show_default=True, type=POS, help="Replays per trace and mode (median, p10, p90)."
+)
+@click.option("--max-tokens", default=64, show_default=True, type=MAX_NEW, help="Reply length per turn.")
+@click.option("--block-size", type=BLOCK, help="clover.block_size [default: the model's].")
+@click.option("--steps", type=STEPS, help="clover.steps (default: the threshold schedule).")
+@click.option("--threshold", type=UNIT, help="clover.threshold [server default 0.9].")
+@click.option("-t", "--threads", type=THREADS, help="Server threads (with MODEL).")
+@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, type=NGL, help="Server GPU layers (with MODEL).")
 @click.option("--experts-on-cpu", is_flag=True, help="Server keeps experts on the CPU (with MODEL).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/agent", show_default=True)
 def agent_cmd(
@@ -600,16 +596,6 @@ def agent_cmd(
     click.echo(f"wrote {Path(out_dir) / 'report.md'}")
 
 
-def _parallel_list(ctx, param, value):
-    try:
-        out = [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: comma-separated integers, e.g. 1,2,4") from None
-    if not out or any(not 1 <= n <= 64 for n in out):
-        raise click.BadParameter(f"{value!r}: each N must be in [1, 64]")
-    return out
-
-
 @eval_group.command("throughput")
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
 @click.option(
@@ -617,16 +603,16 @@ def _parallel_list(ctx, param, value):
     "parallel",
     default="1,2,4",
     show_default=True,
-    callback=_parallel_list,
+    callback=int_list("parallel"),
     help="Concurrent clients N (each against `serve --parallel N`).",
 )
-@click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 100), help="Runs per N.")
-@click.option("--requests", default=2, show_default=True, type=click.IntRange(1, 100), help="Requests per client.")
-@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(1, 1 << 16))
-@click.option("--block-size", type=click.IntRange(1, 1024), help="clover.block_size [default: the model's].")
-@click.option("--steps", type=click.IntRange(1, 1024), help="clover.steps (default: the threshold schedule).")
-@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="Server threads.")
-@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, type=click.IntRange(-1, 1024))
+@click.option("--runs", default=5, show_default=True, type=POS, help="Runs per N.")
+@click.option("--requests", default=2, show_default=True, type=POS, help="Requests per client.")
+@click.option("--max-tokens", default=64, show_default=True, type=MAX_NEW)
+@click.option("--block-size", type=BLOCK, help="clover.block_size [default: the model's].")
+@click.option("--steps", type=STEPS, help="clover.steps (default: the threshold schedule).")
+@click.option("-t", "--threads", type=THREADS, help="Server threads.")
+@click.option("-ngl", "--n-gpu-layers", default=0, show_default=True, type=NGL)
 @click.option("--rpc", metavar="HOST:PORT[,...]", help="Server offloads to these rpc-servers.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/throughput", show_default=True)
 def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, steps, threads, n_gpu_layers, rpc, out_dir):

@@ -358,12 +358,13 @@ def _gen_backend_torch(model):
     return lambda prompt, cfg: generate(TorchBackend(model), prompt, cfg)
 
 
-def open_provider(prov: str, gguf: Path, threads: int):
-    """(logit provider, generation function) of one GGUF."""
+def open_provider(prov: str, gguf: Path, threads: int, max_block: int | None = None):
+    """(logit provider, generation function) of one GGUF; the runtime's batch holds a block
+    of ``max_block`` (the sampling's block size, up to 1024)."""
     if prov == "reference-dequant":
         qm = bk.load_dequantized(gguf)
         return bk.TorchProvider(qm, prov), _gen_backend_torch(qm)
-    rt = bk.open_runtime(gguf, threads)
+    rt = bk.open_runtime(gguf, threads, max_block=max_block)
     # the runtime's own C++ generation loop (clover_generate), as users run it
     return bk.RuntimeProvider(rt), lambda prompt, cfg: rt.generate(prompt, cfg)
 
@@ -490,7 +491,7 @@ def score_gguf(
     for prov in provs:
         log(f"{gguf.name}: {prov}")
         t0 = time.perf_counter()
-        p, gen_fn = open_provider(prov, gguf, threads)
+        p, gen_fn = open_provider(prov, gguf, threads, max_block=samples.block_size)
         t_load = time.perf_counter() - t0
         pm, cal = score(p, samples, ref.compact, exclude, log, ref.calib, ref.cidx)
         res = summaries(pm, samples)

@@ -66,6 +66,7 @@ class GenerationConfig:
         import math
 
         from ..limits import BY_CONFIG
+        from ..options import INT32_MAX, SEED_MAX
 
         bmax = int(BY_CONFIG["block_size"].hi)
         if not 1 <= self.block_size <= bmax:
@@ -76,12 +77,14 @@ class GenerationConfig:
             raise ValueError(f"threshold {self.threshold}: must be a finite number in [0, 1]")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature {self.temperature}: must be a finite number >= 0")
-        if self.top_k < 0:
-            raise ValueError(f"top_k {self.top_k}: must be >= 0")
+        if not 0 <= self.top_k <= INT32_MAX:  # clover_gen_params.top_k is int32: it wrapped before
+            raise ValueError(f"top_k {self.top_k}: must be an integer in [0, {INT32_MAX}] (0: off)")
+        if not 0 <= self.seed <= SEED_MAX:  # clover_gen_params.seed is uint32
+            raise ValueError(f"seed {self.seed}: must be an integer in [0, {SEED_MAX}]")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p {self.top_p}: must be a finite number in (0, 1]")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens {self.max_new_tokens}: must be >= 0")
+        if not 0 <= self.max_new_tokens <= INT32_MAX:
+            raise ValueError(f"max_new_tokens {self.max_new_tokens}: must be an integer in [0, {INT32_MAX}]")
         if not 0 <= self.n_probs <= 64:
             raise ValueError(f"n_probs {self.n_probs}: must be an integer in [0, 64]")
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..constants import DEFAULT_THRESHOLD
+from ..options import GGML_MAX_N_THREADS, RANGES
 from ..plan.vram import runtime_n_ubatch
 from ..reference.generate import BlockStats, GenerationConfig, GenerationResult
 from ..util import default_threads
@@ -62,6 +63,8 @@ class CloverRuntime:
         mmap: bool = True,
     ):
         self.path = Path(gguf_path)
+        if n_threads is not None:  # ggml's thread-pool limit (options.py): more crashed the first decode
+            RANGES["threads"].check(n_threads, "n_threads")
         if not self.path.is_file():
             raise RuntimeLoadError(f"{self.path}: no such GGUF file")
         self._lib = B.load()
@@ -93,7 +96,7 @@ class CloverRuntime:
         eos = lc.llama_vocab_eos(self.vocab)
         self.eos_token_id = eos if eos >= 0 else None
         self.eog = frozenset(t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t))
-        self.n_threads = int(n_threads or default_threads())
+        self.n_threads = int(n_threads or min(default_threads(), GGML_MAX_N_THREADS))
         # clover.h: n_ubatch >= B (a multiple of B folds several prompt blocks per graph, and
         # n_seq_max * B lets one denoising graph hold every sequence), n_batch >= n_ubatch,
         # n_ctx >= n_ubatch.

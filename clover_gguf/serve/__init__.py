@@ -54,8 +54,18 @@ def serve(
     model = Path(model)
     if model.suffix != ".gguf" or not model.is_file():
         raise ValueError(f"{model}: not a .gguf file")
-    if parallel < 1 or ctx_cache < 0:
-        raise ValueError("--parallel must be >= 1 and --ctx-cache >= 0")
+    from ..options import RANGES
+
+    for opt, name, v in (
+        ("--port", "port", port),
+        ("-t", "threads", threads),
+        ("-ngl", "n_gpu_layers", n_gpu_layers),
+        ("--parallel", "parallel", parallel),
+        ("--ctx-cache", "ctx_cache", ctx_cache),
+        ("-c", "ctx_size", ctx_size),
+    ):
+        if v is not None:  # the CLI's table (options.py), for callers of this function
+            RANGES[name].check(v, opt)
     n_predict = DEFAULT_N_PREDICT if n_predict is None else n_predict
     queue_timeout = DEFAULT_QUEUE_TIMEOUT if queue_timeout is None else queue_timeout
     if n_predict < 1:
@@ -92,6 +102,9 @@ def serve(
     )
     ctx_meta = rt.meta(Keys.CONTEXT_LENGTH.format(arch=ARCH))
     n_ctx = int(ctx_size or (int(ctx_meta) if ctx_meta else 0) or 262144)
+    if n_ctx < rt.default_block_size:
+        rt.close()
+        raise ValueError(f"-c {n_ctx}: must be at least the model's block size ({rt.default_block_size})")
     cfg = ServerConfig(
         model_path=str(model),
         model_id=alias or model.name,

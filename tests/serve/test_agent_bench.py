@@ -84,4 +84,4 @@ def test_throughput_bench(tiny_gguf, tmp_path):
     md = (out / "throughput.md").read_text()
     assert "| 2 |" in md and "load average" in md
     bad = CliRunner().invoke(cli, ["eval", "throughput", str(tiny_gguf), "--parallel", "0"])
-    assert bad.exit_code != 0 and "each N must be in [1, 64]" in bad.output
+    assert bad.exit_code != 0 and "each must be an integer in [1, 64]" in bad.output
