@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from safetensors import safe_open
 
 from .config import CloverConfig, ConfigError
 from .constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER
+from .inputs import InputError, open_input, read_bytes
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -96,8 +98,8 @@ def _check_entries(path: Path, header: dict, data_size: int) -> None:
 def _read_header(path: Path) -> dict:
     """Parse and check a safetensors header without mapping the data (see _check_entries)."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_input(path) as f:
+            size = os.fstat(f.fileno()).st_size
             raw = f.read(8)
             if len(raw) < 8:
                 raise CheckpointError(f"{path}: truncated safetensors file (no header)")
@@ -110,6 +112,8 @@ def _read_header(path: Path) -> dict:
     except (OSError, ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
         if isinstance(e, CheckpointError):
             raise
+        if isinstance(e, InputError):  # a FIFO or device: never opened for reading
+            raise CheckpointError(str(e)) from None
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: not a readable safetensors file (the header is not a JSON object)")
@@ -156,7 +160,9 @@ class Checkpoint:
     def _read_index(self, index: Path) -> dict[str, Path]:
         """tensor -> shard path from model.safetensors.index.json; shards are plain file names."""
         try:
-            wm = json.loads(index.read_bytes().decode("utf-8"), object_pairs_hook=_no_duplicates)["weight_map"]
+            wm = json.loads(read_bytes(index).decode("utf-8"), object_pairs_hook=_no_duplicates)["weight_map"]
+        except InputError as e:
+            raise CheckpointError(str(e)) from None
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise CheckpointError(f"{index}: bad index file ({e!r})") from None
         if not isinstance(wm, dict):

@@ -10,7 +10,7 @@ import click
 
 from . import __version__
 from .constants import DEFAULT_THRESHOLD
-from .options import option_type
+from .options import InputPath, option_type
 
 
 class OneLineErrors(click.Group):
@@ -51,7 +51,7 @@ def _ids(ctx, param, value):
 
 
 @cli.command("run")
-@click.argument("model", required=False, type=click.Path(exists=True))
+@click.argument("model", required=False, type=InputPath())
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("--prompt-ids", callback=_ids, help="Prompt as token ids (e.g. '1,2,3'), for models without a tokenizer.")
 @click.option("-n", "--max-new-tokens", default=64, show_default=True, type=option_type("max_new_tokens"))
@@ -207,7 +207,7 @@ def run_cmd(
 @cli.command("synth")
 @click.argument("out", type=click.Path())
 @click.option("--preset", "preset_name", help="Shapes of a named model (clover-35b-a3b, clover-tiny).")
-@click.option("--config", "config_path", type=click.Path(exists=True), help="Shapes from a config.json instead.")
+@click.option("--config", "config_path", type=InputPath(), help="Shapes from a config.json instead.")
 @click.option("--layers", type=option_type("layers"), help="Override the number of layers.")
 @click.option(
     "--shard-size-mb", default=2000.0, show_default=True, type=option_type("shard_size_mb"), help="Maximum shard size."
@@ -260,7 +260,7 @@ def _recipe_help() -> str:
 
 
 @cli.command("convert")
-@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("model_dir", type=InputPath(file_okay=False))
 @click.option("-o", "--outfile", "out", type=click.Path(dir_okay=False), help="Output .gguf file.")
 @click.option(
     "--outtype",
@@ -286,7 +286,7 @@ def _recipe_help() -> str:
 @click.option("--recipe", help=_recipe_help())
 @click.option(
     "--imatrix",
-    type=click.Path(exists=True, dir_okay=False),
+    type=InputPath(dir_okay=False),
     help="llama.cpp GGUF imatrix (e.g. from `clover-gguf imatrix`) weighting the quantization.",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
@@ -368,7 +368,7 @@ def convert_cmd(
 
 
 @cli.command("inspect")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=InputPath())
 @click.option("--tensors", "show_tensors", is_flag=True, help="List every tensor.")
 @click.option("--no-metadata", is_flag=True, help="Only the tables.")
 def inspect_cmd(path, show_tensors, no_metadata):
@@ -386,10 +386,8 @@ def inspect_cmd(path, show_tensors, no_metadata):
 
 
 @cli.command("imatrix")
-@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False), help="Calibration text."
-)
+@click.argument("model_dir", type=InputPath(file_okay=False))
+@click.option("-f", "--file", "text_file", required=True, type=InputPath(dir_okay=False), help="Calibration text.")
 @click.option(
     "-o",
     "--outfile",
@@ -451,7 +449,7 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
 @click.option(
     "--write-recipe", type=click.Path(dir_okay=False), help="Write the fit recipe (types, convert options) as JSON."
 )
-@click.option("--curves", type=click.Path(exists=True, file_okay=False), help="Sensitivity curves folder.")
+@click.option("--curves", type=InputPath(file_okay=False), help="Sensitivity curves folder.")
 @click.option(
     "--calibration",
     "calibrations",
@@ -535,7 +533,7 @@ def plan_cmd(
 
 
 @cli.command("serve")
-@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.argument("model", type=InputPath(dir_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=option_type("port"))
 @click.option(

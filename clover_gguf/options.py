@@ -127,3 +127,23 @@ def int_list(name: str):
         return out
 
     return parse
+
+
+class InputPath(click.Path):
+    """click.Path(exists=True) for an input: a regular file, or a folder where ``dir_okay``;
+    a FIFO, device or socket is refused here (reading one blocks or never ends)."""
+
+    def __init__(self, file_okay: bool = True, dir_okay: bool = True):
+        super().__init__(exists=True, file_okay=file_okay, dir_okay=dir_okay)
+
+    def convert(self, value, param, ctx):
+        import os
+        import stat
+
+        from .inputs import file_kind
+
+        rv = super().convert(value, param, ctx)
+        mode = os.stat(rv).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            self.fail(f"{value}: is {file_kind(mode)}, not a regular file", param, ctx)
+        return rv

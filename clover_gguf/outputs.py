@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .inputs import file_kind
+
 
 class OutputError(ValueError):
     """An output that cannot be written; the message names the path."""
@@ -33,20 +35,6 @@ class OutputError(ValueError):
 
 def temporary_name(out: Path, tag: str = "") -> Path:
     return out.with_name(f".{out.name}{'.' + tag if tag else ''}.tmp")
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
 
 
 def check_replaceable(out: str | Path, force: bool, tag: str = "") -> None:
@@ -60,7 +48,7 @@ def check_replaceable(out: str | Path, force: bool, tag: str = "") -> None:
     except OSError:
         mode = None
     if mode is not None and not stat.S_ISREG(mode):
-        raise OutputError(f"{tmp}: exists and is {_kind(mode)}, not a temporary file of ours; remove it")
+        raise OutputError(f"{tmp}: exists and is {file_kind(mode)}, not a temporary file of ours; remove it")
     try:
         st = os.lstat(out)
     except FileNotFoundError:
@@ -72,7 +60,7 @@ def check_replaceable(out: str | Path, force: bool, tag: str = "") -> None:
     if stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{out}: is a directory")
     if not stat.S_ISREG(st.st_mode):
-        raise OutputError(f"{out}: exists and is {_kind(st.st_mode)}; only regular files are replaced")
+        raise OutputError(f"{out}: exists and is {file_kind(st.st_mode)}; only regular files are replaced")
     if not force:
         raise OutputError(f"{out}: exists (use --force to overwrite)")
 
@@ -85,7 +73,7 @@ def _clear_leftover(tmp: Path, out: Path, notes: list[str]) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(st.st_mode):
-        raise OutputError(f"{tmp}: exists and is {_kind(st.st_mode)}, not a temporary file of ours; remove it")
+        raise OutputError(f"{tmp}: exists and is {file_kind(st.st_mode)}, not a temporary file of ours; remove it")
     try:
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -30,6 +30,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .constants import TOKENIZER_PRE_NAME
+from .inputs import InputError, read_bytes, read_text
 from .outputs import write_json, write_text
 
 QWEN2_PRETOKENIZE_REGEX = (
@@ -331,10 +332,13 @@ class CloverTokenizer:
         path = Path(path)
         tj, tc = path / "tokenizer.json", path / "tokenizer_config.json"
         for f in (tj, tc):
-            if not f.is_file():
+            if not f.exists():
                 raise TokenizerError(f"missing {f}")
-        raw = tj.read_bytes()
-        return cls(Tokenizer.from_str(raw.decode()), json.loads(tc.read_text()), raw)
+        try:
+            raw, conf = read_bytes(tj), read_text(tc)
+        except InputError as e:  # a FIFO or device would block or never end
+            raise TokenizerError(str(e)) from None
+        return cls(Tokenizer.from_str(raw.decode()), json.loads(conf), raw)
 
     @property
     def vocab_size(self) -> int:

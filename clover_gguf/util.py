@@ -59,8 +59,10 @@ def default_threads() -> int:
 
 
 def sha256_file(path: str | Path) -> str:
+    from .inputs import open_input
+
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_input(path) as f:  # a regular file only (a FIFO would block, /dev/zero never end)
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

@@ -67,8 +67,10 @@ def _normalize(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def load_imatrix(path) -> Imatrix:
+    from ..inputs import open_input
+
     path = Path(path)
-    with open(path, "rb") as f:
+    with open_input(path) as f:  # a FIFO would block for ever
         magic = f.read(4)
     if magic != b"GGUF":
         return _load_legacy(path)
@@ -257,10 +259,13 @@ def compute_imatrix(
 ) -> Imatrix:
     """Run the reference model over ``text_file`` in chunks of ``n_ctx`` tokens and write
     llama.cpp's GGUF imatrix to ``out_path``. ``token_ids`` (a list) bypasses the tokenizer."""
+    from ..inputs import read_text, regular_file
     from ..outputs import check_replaceable
     from ..reference.model import CloverModel
 
     model_dir = Path(model_dir)
+    if token_ids is None:
+        regular_file(text_file)  # before loading the model
     check_replaceable(out_path, force=True)  # before the work: never a link, FIFO, device, folder
     inputs = [*model_dir.iterdir(), *([Path(text_file)] if text_file is not None else [])]
     if Path(out_path).resolve() in {p.resolve() for p in inputs}:
@@ -269,7 +274,7 @@ def compute_imatrix(
     c = model.config
     B = block_size or c.block_size
     if token_ids is None:
-        text = Path(text_file).read_text(encoding="utf-8", errors="replace")
+        text = read_text(text_file, errors="replace")
         if (model_dir / "tokenizer.json").exists():
             from ..tokenizer import CloverTokenizer
 

@@ -116,7 +116,7 @@ def load_vocab(model_dir: Path, c: CloverConfig):
 
 def _readme_license(model_dir: Path) -> str | None:
     p = model_dir / "README.md"
-    if p.exists():
+    if p.is_file():  # a regular file only: a FIFO would block
         txt = p.read_text(errors="replace")
         if txt.startswith("---"):
             fm = txt.split("---", 2)[1] if txt.count("---") >= 2 else ""

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..constants import DEFAULT_THRESHOLD
-from ..options import RANGES, int_list, option_type
+from ..options import RANGES, InputPath, int_list, option_type
 
 POS = option_type("count")
 THREADS = option_type("threads")
@@ -85,7 +85,7 @@ def _sample_options(f):
             "--corpus",
             "corpus",
             multiple=True,
-            type=click.Path(exists=True, dir_okay=False),
+            type=InputPath(dir_okay=False),
             help='Text files or JSONL ({"text": ...} per line); default: the held-out stdlib '
             "modules (evaldata/heldout-stdlib.json).",
         ),
@@ -121,10 +121,10 @@ def eval_group():
 @click.option(
     "--reference",
     required=True,
-    type=click.Path(exists=True, file_okay=False),
+    type=InputPath(file_okay=False),
     help="The BF16 model dir (safetensors + config.json [+ tokenizer]).",
 )
-@click.argument("ggufs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("ggufs", nargs=-1, required=True, type=InputPath(dir_okay=False))
 @_sample_options
 @click.option(
     "--backend",
@@ -136,7 +136,7 @@ def eval_group():
 )
 @click.option(
     "--prompts",
-    type=click.Path(exists=True, dir_okay=False),
+    type=InputPath(dir_okay=False),
     default=None,
     help="Prompt set (JSONL) for the generation agreement (default evaldata/prompts/clover-tiny-code.jsonl).",
 )
@@ -197,10 +197,10 @@ def quality_cmd(
 
 
 @eval_group.command("speed")
-@click.argument("ggufs", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.argument("ggufs", nargs=-1, type=InputPath(dir_okay=False))
 @click.option(
     "--reference",
-    type=click.Path(exists=True, file_okay=False),
+    type=InputPath(file_okay=False),
     default=None,
     help="BF16 model dir: adds the PyTorch reference row (the speedup baseline) and the prompt text.",
 )
@@ -335,14 +335,14 @@ def passes_cmd(layers, threads, heads, rounds, n_gpu_layers, work, out_dir):
 
 
 @eval_group.command("sensitivity")
-@click.option("--reference", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--reference", required=True, type=InputPath(file_okay=False))
 @click.option(
     "--type",
     "qtypes",
     multiple=True,
     help="Type given to one group at a time [default: q4_k]; repeatable: one run per type under OUT/TYPE/.",
 )
-@click.option("--imatrix", type=click.Path(exists=True, dir_okay=False), help="GGUF imatrix for the quantized group.")
+@click.option("--imatrix", type=InputPath(dir_okay=False), help="GGUF imatrix for the quantized group.")
 @click.option("--base", default="bf16", show_default=True, help="Type of every other 2-D weight.")
 @click.option(
     "--group",
@@ -398,7 +398,7 @@ def sensitivity_cmd(
 
 
 @eval_group.command("baseline")
-@click.option("--reference", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--reference", required=True, type=InputPath(file_okay=False))
 @click.option(
     "--out", "out_dir", type=click.Path(file_okay=False), default="evaldata/baseline/clover-tiny", show_default=True
 )
@@ -435,7 +435,7 @@ def sensitivity_cmd(
 )
 @click.option(
     "--summary-file",
-    type=click.Path(exists=True, dir_okay=False),
+    type=InputPath(dir_okay=False),
     default=None,
     help="Markdown put at the top of the report (bundle stage).",
 )
@@ -463,7 +463,7 @@ def sensitivity_cmd(
 )
 @click.option(
     "--imatrix",
-    type=click.Path(exists=True, dir_okay=False),
+    type=InputPath(dir_okay=False),
     default=None,
     help="Importance matrix for the --add files' conversion.",
 )
@@ -541,10 +541,10 @@ def baseline_cmd(
 
 
 @eval_group.command("agent")
-@click.argument("model", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.argument("model", required=False, type=InputPath(dir_okay=False))
 @click.option("--url", help="A running clover-gguf serve (default http://127.0.0.1:8080 when no MODEL is given).")
 @click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="The server's API key.")
-@click.option("--traces", multiple=True, type=click.Path(exists=True), help="Trace files/folders [evaldata/agent].")
+@click.option("--traces", multiple=True, type=InputPath(), help="Trace files/folders [evaldata/agent].")
 @click.option(
     "--repeats", default=3, show_default=True, type=POS, help="Replays per trace and mode (median, p10, p90)."
 )
@@ -597,7 +597,7 @@ def agent_cmd(
 
 
 @eval_group.command("throughput")
-@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.argument("model", type=InputPath(dir_okay=False))
 @click.option(
     "--parallel",
     "parallel",
@@ -650,7 +650,7 @@ def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, step
 
 
 @click.command("report")
-@click.argument("run_json", type=click.Path(exists=True, dir_okay=False))
+@click.argument("run_json", type=InputPath(dir_okay=False))
 @click.option(
     "-o",
     "--out",

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..config import CloverConfig
 from ..constants import DEFAULT_THRESHOLD
 from ..outputs import output_file, write_json
 from ..util import EVALDATA, default_threads
@@ -268,6 +269,23 @@ class Sampling:
         if self.top_k != "auto" and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
             raise QualityError(f"top_k {self.top_k!r}: must be an integer >= 1 or 'auto'")
 
+    def check_supply(self, docs, B: int) -> None:
+        """--blocks and --windows against what the corpus holds, before any work: a window
+        is at most a document long, and there are only so many distinct windows."""
+        blocks = [len(d.tokens) // B for d in docs]
+        longest = max(blocks, default=0)
+        if longest >= 2 and self.n_blocks > longest:
+            raise QualityError(
+                f"--blocks {self.n_blocks}: the corpus's longest document holds {longest} blocks of {B} tokens"
+            )
+        # corpus.build_samples draws distinct (document, offset) windows: this many exist
+        distinct = sum(max(0, n - self.n_blocks) + 1 for n in blocks if n >= 2)
+        if distinct and self.n_windows > distinct:
+            raise QualityError(
+                f"--windows {self.n_windows}: the corpus holds {distinct} distinct windows of up to "
+                f"{self.n_blocks} blocks of {B} tokens"
+            )
+
     def build(self, B: int, mask_token_id: int, tokenizer) -> SampleSet:
         if self.docs is None:
             docs, cinfo = load_corpus(self.corpus, tokenizer)
@@ -278,6 +296,7 @@ class Sampling:
                 "documents": len(docs),
                 "tokens": int(sum(len(d.tokens) for d in docs)),
             }
+        self.check_supply(docs, B)
         return build_samples(
             docs,
             B,
@@ -647,19 +666,19 @@ def run_quality(
         out_dir.mkdir(parents=True, exist_ok=True)
     provs, notes, (rt_ok, rt_why) = select_providers(backend)
 
-    log(f"loading reference {reference}")
-    ref_model, t_load = bk.timed(bk.load_reference, reference)
-    cfg = ref_model.config
+    cfg = CloverConfig.load(reference)
     for g in ggufs:  # before any scoring: a GGUF of another model would score nonsense
         check_matches_reference(g, reference, cfg)
     B = int(sampling.block_size or cfg.block_size)
     tokenizer = _tokenizer(reference)
     prompts = generation.load_prompts(tokenizer, cfg.vocab_size)
-    samples = sampling.build(B, cfg.mask_token_id, tokenizer)
+    samples = sampling.build(B, cfg.mask_token_id, tokenizer)  # checks what the corpus can supply
     log(
         f"samples: {len(samples.windows)} windows x <= {sampling.n_blocks} blocks of {B}, ratios "
         f"{list(samples.ratios)}, {samples.n_positions} scored positions"
     )
+    log(f"loading reference {reference}")
+    ref_model, t_load = bk.timed(bk.load_reference, reference)
     ref_hash = bk.model_dir_hash(reference)
     cache_meta = {
         "reference": str(reference),

@@ -55,7 +55,13 @@ def check_structure(path) -> None:
     import mmap
     import struct
 
-    with open(path, "rb") as f:
+    from ..inputs import InputError, open_input
+
+    try:
+        f = open_input(path)  # a FIFO would block, a device never end
+    except InputError as e:
+        raise GGUFReadError(str(e)) from None
+    with f:
         size = os.fstat(f.fileno()).st_size
         if size < 24:
             raise GGUFReadError(f"{path}: not a valid GGUF file ({size} bytes)")

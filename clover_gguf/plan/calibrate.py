@@ -20,6 +20,7 @@ import numpy as np
 
 from ..convert.plan import build_plan
 from ..convert.recipes import TypeRules
+from ..inputs import InputError, regular_file
 from ..outputs import check_replaceable, write_json
 from . import cost
 from .kernels import KernelTable
@@ -137,8 +138,10 @@ def calibrate(files, threads: int, out: Path, repeats: int = 5, log=print) -> co
     rows = []
     for f in files:
         f = Path(f)
-        if not f.is_file():
-            raise PlanError(f"{f}: no such GGUF file")
+        try:
+            regular_file(f)
+        except InputError as e:
+            raise PlanError(f"--calibrate {e}") from None
         log(f"measure {f} ({threads} threads)")
         m = measure(f, threads, masked=(None, 16, 8, 4, 2, 1), repeats=repeats)
         rows += _rows(f, m)
@@ -210,8 +213,10 @@ def load_calibrations(paths) -> tuple[cost.CpuCalibration, KernelTable]:
     (its "kernels"); the cache's CPU calibration and the seeded kernel table otherwise."""
     cpu, kern = None, None
     for p in paths:
-        if not Path(p).is_file():
-            raise PlanError(f"--calibration {p}: no such file")
+        try:
+            regular_file(p)
+        except InputError as e:  # missing, or a FIFO/device (reading one blocks or never ends)
+            raise PlanError(f"--calibration {e}") from None
         if _is_device_summary(p):
             kern = KernelTable.load(Path(p))
         else:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..constants import DEFAULT_THRESHOLD
+from ..inputs import InputError, regular_file
 from ..options import GGML_MAX_N_THREADS, RANGES
 from ..plan.vram import runtime_n_ubatch
 from ..reference.generate import BlockStats, GenerationConfig, GenerationResult
@@ -65,8 +66,10 @@ class CloverRuntime:
         self.path = Path(gguf_path)
         if n_threads is not None:  # ggml's thread-pool limit (options.py): more crashed the first decode
             RANGES["threads"].check(n_threads, "n_threads")
-        if not self.path.is_file():
-            raise RuntimeLoadError(f"{self.path}: no such GGUF file")
+        try:
+            regular_file(self.path)  # llama.cpp would block on a FIFO
+        except InputError as e:
+            raise RuntimeLoadError(str(e).replace("no such file", "no such GGUF file")) from None
         self._lib = B.load()
         self._log = B.log_capture(self._lib, verbose=not quiet)
         lc = self._lib.lc
