@@ -34,7 +34,6 @@ import random
 import resource
 import select
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -49,137 +48,26 @@ MEM_LIMIT = 4 << 30  # address space a target may add
 CLI: Path | None = None  # --cli
 TIMEOUT = 30.0
 
-# ---- a minimal GGUF codec (it must also write what gguf-py would refuse) -------------------
-
-U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
-SCALAR = {
-    U8: "<B",
-    I8: "<b",
-    U16: "<H",
-    I16: "<h",
-    U32: "<I",
-    I32: "<i",
-    F32: "<f",
-    BOOL: "<B",
-    U64: "<Q",
-    I64: "<q",
-    F64: "<d",
-}
-INT_TYPES = (U8, I8, U16, I16, U32, I32, U64, I64)
-
-
-@dataclass
-class KV:
-    key: bytes
-    type: int
-    value: object  # int/float/bytes, or (subtype, [values]) for ARR
-    count: int | None = None  # declared array length when it must lie
-
-
-@dataclass
-class TensorInfo:
-    name: bytes
-    dims: list[int]
-    type: int
-    offset: int
-    n_dims: int | None = None  # declared when it must lie
-
-
-@dataclass
-class Gguf:
-    version: int
-    kvs: list[KV]
-    tis: list[TensorInfo]
-    data: bytes
-    n_kv: int | None = None
-    n_tensors: int | None = None
-
-    @property
-    def alignment(self) -> int:
-        for kv in self.kvs:
-            if kv.key == b"general.alignment" and kv.type == U32:
-                return kv.value
-        return 32
-
-
-class _Reader:
-    def __init__(self, raw: bytes):
-        self.raw, self.pos = raw, 0
-
-    def take(self, fmt):
-        v = struct.unpack_from(fmt, self.raw, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return v
-
-    def string(self) -> bytes:
-        n = self.take("<Q")
-        s = self.raw[self.pos : self.pos + n]
-        self.pos += n
-        return s
-
-    def value(self, t):
-        if t == STR:
-            return self.string()
-        if t == ARR:
-            sub, n = self.take("<I"), self.take("<Q")
-            return (sub, [self.value(sub) for _ in range(n)])
-        return self.take(SCALAR[t])
-
-
-def parse(raw: bytes) -> Gguf:
-    """The (valid) base file."""
-    r = _Reader(raw)
-    assert r.take("<I") == 0x46554747, "not a GGUF file"
-    version, n_t, n_kv = r.take("<I"), r.take("<Q"), r.take("<Q")
-    kvs = []
-    for _ in range(n_kv):
-        key = r.string()
-        t = r.take("<I")
-        kvs.append(KV(key, t, r.value(t)))
-    tis = []
-    for _ in range(n_t):
-        name = r.string()
-        nd = r.take("<I")
-        dims = [r.take("<Q") for _ in range(nd)]
-        tis.append(TensorInfo(name, dims, r.take("<I"), r.take("<Q")))
-    g = Gguf(version, kvs, tis, b"")
-    start = -(-r.pos // g.alignment) * g.alignment
-    g.data = raw[start:]
-    return g
-
-
-def _pack_value(t, v) -> bytes:
-    if t == STR:
-        return struct.pack("<Q", len(v)) + v
-    if t == ARR:
-        sub, items = v
-        return struct.pack("<IQ", sub, len(items)) + b"".join(_pack_value(sub, x) for x in items)
-    return struct.pack(SCALAR[t], v)
-
-
-def serialize(g: Gguf) -> tuple[bytes, int]:
-    """(file bytes, size of the metadata region before the data)."""
-    out = [struct.pack("<IIQQ", 0x46554747, g.version, len(g.tis) if g.n_tensors is None else g.n_tensors,
-                       len(g.kvs) if g.n_kv is None else g.n_kv)]  # fmt: skip
-    for kv in g.kvs:
-        body = _pack_value(kv.type, kv.value)
-        if kv.type == ARR and kv.count is not None:
-            body = body[:4] + struct.pack("<Q", kv.count) + body[12:]
-        out.append(struct.pack("<Q", len(kv.key)) + kv.key + struct.pack("<I", kv.type) + body)
-    for ti in g.tis:
-        nd = len(ti.dims) if ti.n_dims is None else ti.n_dims
-        out.append(
-            struct.pack("<Q", len(ti.name))
-            + ti.name
-            + struct.pack("<I", nd)
-            + b"".join(struct.pack("<Q", d) for d in ti.dims)
-            + struct.pack("<IQ", ti.type, ti.offset)
-        )
-    meta = b"".join(out)
-    a = g.alignment if g.alignment > 0 else 32
-    meta += b"\0" * (-len(meta) % a)
-    return meta + g.data, len(meta)
-
+sys.path.insert(0, str(REPO))  # this checkout's clover_gguf, also when run as a script
+from clover_gguf.gguf_io.codec import (  # noqa: E402
+    ARR,
+    BOOL,
+    F32,
+    F64,
+    I8,
+    I16,
+    I32,
+    I64,
+    INT_TYPES,
+    STR,
+    U8,
+    U16,
+    U32,
+    U64,
+    Gguf,
+    parse,
+    serialize,
+)
 
 # ---- mutations -------------------------------------------------------------------------------
 
@@ -629,5 +517,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     sys.exit(main())

@@ -1,20 +1,14 @@
 """`clover-gguf eval ...`: every bad option or input is one line and a non-zero exit, and a
 GGUF that is not a conversion of the reference is refused before anything is scored."""
 
-import importlib.util
-import sys
-
 import pytest
 from click.testing import CliRunner
 from eval_helpers import RC
-from testdata import REPO, TINY
+from testdata import TINY
 
 from clover_gguf.cli import cli
 from clover_gguf.eval.quality import QualityError, Sampling, check_matches_reference, run_quality
-
-_spec = importlib.util.spec_from_file_location("fuzz_gguf", REPO / "scripts" / "fuzz_gguf.py")
-F = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(F)
+from clover_gguf.gguf_io import codec as F
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ import sys
 
 from testdata import REPO, VECTORS
 
+from clover_gguf.gguf_io import codec
+
 _spec = importlib.util.spec_from_file_location("fuzz_gguf", REPO / "scripts" / "fuzz_gguf.py")
 F = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(F)
@@ -22,8 +24,8 @@ def test_codec_round_trips_and_mutates(tmp_path):
     p = tmp_path / "b.gguf"
     convert(VECTORS / "random-clover", p, progress=False)
     raw = p.read_bytes()
-    g = F.parse(raw)
-    data, meta_len = F.serialize(g)
+    g = codec.parse(raw)
+    data, meta_len = codec.serialize(g)
     assert data == raw and meta_len < len(raw)
     rng = random.Random(0)
     kinds, changed = set(), 0

@@ -3,22 +3,20 @@ the same words from llama-clover-cli, from CloverRuntime (`clover-gguf run`) and
 Python GGUF reader; never an abort, never exit 0 with nothing generated. The cases are the
 ones a probe of the runtime found (SIGABRTs, silent acceptance, late failures)."""
 
-import importlib.util
+import copy
 import math
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from testdata import REPO, VECTORS
+from testdata import VECTORS
 
 from clover_gguf.cli import cli
+from clover_gguf.gguf_io import codec as F
 from clover_gguf.gguf_io.reader import GGUFReadError, load_gguf_as_hf_tensors
-
-_spec = importlib.util.spec_from_file_location("fuzz_gguf", REPO / "scripts" / "fuzz_gguf.py")
-F = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(F)
 
 HINT = "(does the runtime include patches/0007? `clover-gguf runtime build` rebuilds it)"
 
@@ -34,7 +32,9 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cli_bin():
-    return F.find_cli()
+    from clover_gguf.runtime.build import runtime_paths
+
+    return Path(runtime_paths()["bin_dir"]) / "llama-clover-cli"
 
 
 def _kv(g, key):
@@ -115,7 +115,7 @@ CASES = [
 
 
 def _write(tmp_path, base, edit):
-    g = F._copy(base)
+    g = copy.deepcopy(base)
     edit(g)
     p = tmp_path / "bad.gguf"
     p.write_bytes(F.serialize(g)[0])
@@ -167,7 +167,7 @@ def test_tensor_shape_against_the_metadata(tmp_path, base, cli_bin):
 
 def test_nan_weights_fail_the_load(tmp_path, base, cli_bin):
     """A NaN in a weight: refused at load (tensor data check), not generated from."""
-    g = F._copy(base)
+    g = copy.deepcopy(base)
     ti = next(t for t in g.tis if t.name == b"blk.1.ssm_dt.bias")  # F32
     data = bytearray(g.data)
     data[ti.offset : ti.offset + 4] = struct.pack("<f", math.nan)
@@ -231,7 +231,7 @@ def test_cli_options_are_range_checked(tmp_path, base, cli_bin, args, message):
 
 def test_unparsable_gguf_names_the_parser_error(tmp_path, base, cli_bin):
     """A tensor that grows past the next one: ggml's GGUF parser refuses it; its reason is the line."""
-    g = F._copy(base)
+    g = copy.deepcopy(base)
     ti = next(t for t in g.tis if t.name == b"blk.0.attn_q.weight")
     ti.dims = [ti.dims[0], ti.dims[1] + 1]
     path = tmp_path / "bad.gguf"
