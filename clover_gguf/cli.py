@@ -365,6 +365,8 @@ def convert_cmd(
         )
     for note in res.notes:
         click.echo(f"note: {note}", err=True)
+    for w in res.warnings:
+        click.echo(f"warning: {w}", err=True)
 
 
 @cli.command("inspect")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .reference.generate import GenerationConfig, GenerationResult, TorchBackend, generate
+from .reference.generate import GenerationConfig, GenerationResult, NonFiniteError, TorchBackend, generate
 from .util import DEFAULT_MODEL
 
 
@@ -172,7 +172,10 @@ def run(
     cfg = GenerationConfig(
         block_size=block_size or c.block_size, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id, **sampling
     )
-    res = generate(TorchBackend(m), ids, cfg, on_block=on_block)
+    try:
+        res = generate(TorchBackend(m), ids, cfg, on_block=on_block)
+    except NonFiniteError as e:  # never tokens from NaN/Inf logits; the message names the model
+        raise NonFiniteError(f"{model}: {e}") from None
     completion = tok.decode(res.tokens) if tok is not None and prompt_ids is None else None
     return RunOutput(completion, ids, res, f"pytorch-{dtype}")
 

@@ -49,6 +49,7 @@ class ConvertResult:
     bytes_in: int = 0
     bytes_out: int = 0
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # one per tensor with weights past the bound
 
     @property
     def gbps_in(self) -> float:
@@ -105,7 +106,9 @@ def convert(
     kv = metadata(plan, vocab, placeholder, im, name)
     t0 = time.perf_counter()
     with temporary_output(out, force, result.notes) as f, ShardReader(ck) as reader:
-        write_gguf(f, plan, kv, Pipeline(plan, reader, im, threads or default_threads(), progress))
+        pipeline = Pipeline(plan, reader, im, threads or default_threads(), progress)
+        write_gguf(f, plan, kv, pipeline)
+    result.warnings = [b.describe() for b in pipeline.big.values()]
     result.seconds = time.perf_counter() - t0
     result.bytes_in = plan.src_bytes
     result.bytes_out = out.stat().st_size

@@ -15,6 +15,7 @@ import os
 import queue
 import struct
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -126,9 +127,70 @@ def first_nonfinite(t: torch.Tensor) -> int | None:
     return int(np.argmax(bad))
 
 
-def prepare(entry: PlanEntry, piece: Piece, reader: ShardReader, r0: int, r1: int):
+# A weight of 2^16 = 65536 or more in magnitude gets a warning (one line per tensor): the
+# model's arithmetic cannot be trusted with it. Every weight multiplies an activation of RMS 1
+# (after an RMS norm; single components up to sqrt(hidden_size) >= 16), so the product is past
+# 2^20: beyond F16's largest value (65504), in which ggml computes wherever a weight is F16 (the
+# CPU's F16 dot products convert the activations to F16) and in CUDA's F16 GEMMs; and such a
+# product compounds through the layers until an RMS norm's F32 sum of squares overflows (past
+# 1.8e19), giving NaN logits (issue 26: 3e38 in blk.0.attn_norm.weight). Trained weights are
+# orders of magnitude smaller (clover-tiny's largest |w| is 6.75).
+BIG_WEIGHT_EXP = 16
+_EXP_BITS = {torch.bfloat16: (127, 7), torch.float16: (15, 10), torch.float32: (127, 23), torch.float64: (1023, 52)}
+
+
+def first_at_least(t: torch.Tensor, exp: int = BIG_WEIGHT_EXP) -> int | None:
+    """Flat index of the first value with |x| >= 2**exp (non-finite included), or None: an
+    exponent-bits test, as first_nonfinite."""
+    ity, mask = _EXP_MASK[t.dtype]
+    bias, mant = _EXP_BITS[t.dtype]
+    v = (
+        t.contiguous().view(-1).numpy().view(ity)
+        if t.dtype != torch.bfloat16
+        else t.contiguous().view(-1).view(torch.int16).numpy()
+    )
+    thr = min(mask, (bias + exp) << mant)
+    big = np.bitwise_and(v, ity(mask)) >= ity(thr)
+    if not big.any():
+        return None
+    return int(np.argmax(big))
+
+
+@dataclass
+class BigWeight:
+    """The first value past the warning bound in one GGUF tensor (and the largest seen)."""
+
+    tensor: str  # GGUF name
+    source: str  # HF name
+    shard: Path
+    row: int
+    col: int
+    max_abs: float
+
+    def describe(self) -> str:
+        return (
+            f"{self.tensor}: |w| up to {self.max_abs:.3g} ({self.shard}: tensor {self.source}, first at row "
+            f"{self.row}, column {self.col}); weights of 2^{BIG_WEIGHT_EXP} or more overflow the model's "
+            "arithmetic (F16 dot products, then the RMS norms' F32 sums of squares): expect non-finite logits"
+        )
+
+
+def _note_big(big: dict, entry: PlanEntry, piece: Piece, reader: ShardReader, t: torch.Tensor, r0: int) -> None:
+    i = first_at_least(t)
+    if i is None:
+        return
+    m = float(t.abs().max())
+    if entry.name in big:
+        big[entry.name].max_abs = max(big[entry.name].max_abs, m)
+        return
+    cols = t.shape[-1] if t.dim() else 1
+    big[entry.name] = BigWeight(entry.name, piece.hf, reader.ck.shard_of(piece.hf), r0 + i // cols, i % cols, m)
+
+
+def prepare(entry: PlanEntry, piece: Piece, reader: ShardReader, r0: int, r1: int, big: dict | None = None):
     """Read rows and bring them to what gets quantized: ('raw', bytes-as-uint8) when the
-    bits can be copied unchanged, else ('f32', float32 ndarray [rows, n_per_row])."""
+    bits can be copied unchanged, else ('f32', float32 ndarray [rows, n_per_row]). ``big``
+    collects the tensors with weights past the warning bound (BIG_WEIGHT_EXP)."""
     t = reader.rows(piece.hf, r0, r1)
     bad = first_nonfinite(t)
     if bad is not None:
@@ -138,6 +200,8 @@ def prepare(entry: PlanEntry, piece: Piece, reader: ShardReader, r0: int, r1: in
             f"{shard}: tensor {piece.hf} has a non-finite value (NaN/Inf) at row "
             f"{r0 + bad // cols}, column {bad % cols}; no output written"
         )
+    if big is not None and entry.transform != "a_log":  # A_log past the bound overflows: refused below
+        _note_big(big, entry, piece, reader, t, r0)
     if entry.transform == "a_log":
         t = (-torch.exp(t.double())).float()
     elif entry.transform == "conv":
@@ -201,6 +265,7 @@ class Pipeline:
         self.threads, self.progress = threads, progress
         self._errors: list[BaseException] = []
         self._stop = threading.Event()
+        self.big: dict[str, BigWeight] = {}  # GGUF tensor -> its weights past the warning bound
 
     # ---- errors ------------------------------------------------------------------------
     def _fail(self, exc: BaseException, entry: PlanEntry | None, piece: Piece | None) -> None:
@@ -230,7 +295,7 @@ class Pipeline:
                 for p, r0, r1 in chunks(e, self.reader):
                     if self._stop.is_set():
                         return
-                    kind, data = prepare(e, p, self.reader, r0, r1)
+                    kind, data = prepare(e, p, self.reader, r0, r1, self.big)
                     _, dt, shape, _ = self.reader.info(p.hf)
                     nsrc = (r1 - r0) * DTYPES[dt][1] * (shape[-1] if shape else 1)
                     in_q.put((e, p, kind, data, nsrc))

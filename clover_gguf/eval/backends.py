@@ -84,6 +84,13 @@ class TorchProvider:
         # one forward: the clean window committed once, every noisy copy reads its states
         return self.model.forward_train(clean[None].long(), noisy.long(), pos, None, select=select)
 
+    def diagnose(self, block: list[int]) -> str:
+        """The first module whose output is not finite, over one denoising step of ``block``."""
+        from ..reference.nonfinite import first_nonfinite_module
+
+        found, checked = first_nonfinite_module(self.model, [], block)
+        return f"; the first non-finite output is {found}" if found else f"; all {checked} module outputs finite"
+
 
 class RuntimeProvider:
     """The llama.cpp runtime, block by block: for each block, every noisy copy is denoised
@@ -106,6 +113,9 @@ class RuntimeProvider:
                     rows[(r, b)] = lg[select[r, b]]
             self.rt.commit([int(x) for x in clean[b]], B)
         return torch.cat([rows[(r, b)] for r in range(R) for b in range(nb) if (r, b) in rows])
+
+    def diagnose(self, block: list[int]) -> str:
+        return self.rt.diagnose_nonfinite([], block)
 
 
 def timed(fn, *a, **k):

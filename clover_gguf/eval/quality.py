@@ -33,6 +33,7 @@ import torch
 from ..config import CloverConfig
 from ..constants import DEFAULT_THRESHOLD
 from ..outputs import output_file, write_json
+from ..reference.generate import NonFiniteError
 from ..util import EVALDATA, default_threads
 from . import backends as bk
 from .corpus import (
@@ -122,6 +123,17 @@ def load_compact(path: Path):
 # ---- scoring ----------------------------------------------------------------------------
 
 
+def _check_finite(provider, lg: torch.Tensor, exclude: int | None, w: int, noisy) -> None:
+    """Non-finite logits are not scored into a NaN KL: the run stops, naming the first
+    non-finite tensor when the provider's debug pass finds it."""
+    bad = ~torch.isfinite(lg)
+    if exclude is not None:
+        bad[:, exclude] = False  # the mask token's column is never a prediction
+    if bool(bad.any()):
+        block = [int(x) for x in noisy[0, 0]]
+        raise NonFiniteError(f"{provider.name}: non-finite logits in window {w}{provider.diagnose(block)}")
+
+
 def score(
     provider, samples: SampleSet, ref: CompactLogits, exclude: int | None, log=print, calib=None, cidx=None
 ) -> tuple[dict[str, np.ndarray], dict]:
@@ -133,6 +145,7 @@ def score(
         sel = torch.from_numpy(samples.masks[w])
         n = int(sel.sum())
         lg = provider.window_logits(samples.clean(w), samples.noisy(w), sel)
+        _check_finite(provider, lg, exclude, w, samples.noisy(w))
         r = ref.slice(start, start + n)
         pm = position_metrics(r, lg, samples.targets(w), exclude)
         parts.append(pm)
@@ -512,14 +525,17 @@ def score_gguf(
         t0 = time.perf_counter()
         p, gen_fn = open_provider(prov, gguf, threads, max_block=samples.block_size)
         t_load = time.perf_counter() - t0
-        pm, cal = score(p, samples, ref.compact, exclude, log, ref.calib, ref.cidx)
-        res = summaries(pm, samples)
-        res["calibration"] = cal
-        res["seconds"] = {"load": t_load, "score": time.perf_counter() - t0 - t_load}
-        if gen.wanted(prov):
-            t1 = time.perf_counter()
-            res["generation"] = gen.compare(gen_fn)
-            res["seconds"]["generation"] = time.perf_counter() - t1
+        try:  # the GGUF's name on a non-finite step, scoring or generating
+            pm, cal = score(p, samples, ref.compact, exclude, log, ref.calib, ref.cidx)
+            res = summaries(pm, samples)
+            res["calibration"] = cal
+            res["seconds"] = {"load": t_load, "score": time.perf_counter() - t0 - t_load}
+            if gen.wanted(prov):
+                t1 = time.perf_counter()
+                res["generation"] = gen.compare(gen_fn)
+                res["seconds"]["generation"] = time.perf_counter() - t1
+        except NonFiniteError as e:
+            raise NonFiniteError(f"{gguf}: {e}") from None
         o = res["overall"]
         log(
             f"  KL mean {o['kl_mean']:.5f} (+<= {o['kl_mean_bound']:.1e})  p99 {o['kl_p99']:.4f}  "

@@ -22,16 +22,24 @@ class LogitsBackend(Protocol):
     def commit(self, block: list[int]) -> None: ...
 
 
+class NonFiniteError(ValueError):
+    """A denoising step's logits are not finite (NaN or Inf): generation stops instead of turning
+    them into tokens. The message says where, and the first layer or tensor whose output went
+    non-finite when a debug pass found it (reference/nonfinite.py, runtime/nonfinite.py)."""
+
+
 class TorchBackend:
     """The PyTorch reference as a LogitsBackend for one sequence."""
 
     def __init__(self, model, prefill_mode: str = "parallel"):
         self.model, self.mode = model, prefill_mode
         self.state, self.pos = model.init_state(1), 0
+        self.commits: list[tuple[list[int], int]] = []  # what the state holds, for diagnose()
 
     def prefill(self, tokens, block_size):
         self.state = self.model.prefill(torch.tensor([tokens]), block_size, self.state, self.pos, self.mode)
         self.pos += len(tokens)
+        self.commits.append((list(tokens), block_size))
 
     def block_logits(self, block):
         return self.model.block_logits(torch.tensor([block]), self.pos, self.state)[0]
@@ -39,6 +47,16 @@ class TorchBackend:
     def commit(self, block):
         _, self.state = self.model.commit(torch.tensor([block]), self.pos, self.state)
         self.pos += len(block)
+        self.commits.append((list(block), len(block)))
+
+    def diagnose(self, block) -> str:
+        """The first module whose output is not finite, replaying this sequence with hooks."""
+        from .nonfinite import first_nonfinite_module
+
+        found, checked = first_nonfinite_module(self.model, self.commits, list(block))
+        if found:
+            return f"; the first non-finite output is {found}"
+        return f"; a debug pass over the committed tokens and this step found all {checked} module outputs finite"
 
 
 @dataclass
@@ -128,6 +146,19 @@ def pick(conf: torch.Tensor, n: int) -> torch.Tensor:
     return order[:n]
 
 
+def _check_finite(backend, logits, masked, block, index, step, pos0) -> None:
+    """Non-finite logits never become tokens (clover.h's CLOVER_ERR_NONFINITE, here)."""
+    rows = logits[masked]
+    ok = torch.isfinite(rows).all(dim=-1)
+    if bool(ok.all()):
+        return
+    bad = masked[int(torch.nonzero(~ok)[0, 0])]
+    diag = backend.diagnose(block) if hasattr(backend, "diagnose") else ""
+    raise NonFiniteError(
+        f"non-finite logits in a denoising step (block {index}, step {step}, position {pos0 + bad}){diag}"
+    )
+
+
 def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, index: int = 0, pos0: int = 0):
     """Run one block (the index-th generated block, at position pos0) from all-mask to clean.
     Returns (tokens, BlockStats)."""
@@ -139,6 +170,7 @@ def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, index: 
     while masked:
         t0 = time.perf_counter()
         logits = backend.block_logits(block)
+        _check_finite(backend, logits, masked, block, index, stats.steps, pos0)
         skey = step_key(cfg.seed, index, stats.steps)
         tok, conf = candidates(
             logits[masked],

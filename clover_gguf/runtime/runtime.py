@@ -14,6 +14,7 @@ reference).
 from __future__ import annotations
 
 import ctypes
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..constants import DEFAULT_THRESHOLD
 from ..inputs import InputError, regular_file
 from ..options import GGML_MAX_N_THREADS, RANGES
 from ..plan.vram import runtime_n_ubatch
-from ..reference.generate import BlockStats, GenerationConfig, GenerationResult
+from ..reference.generate import BlockStats, GenerationConfig, GenerationResult, NonFiniteError
 from ..util import default_threads
 from . import bindings as B
 from .bindings import RuntimeNotBuilt  # noqa: F401  (re-exported)
@@ -128,6 +129,7 @@ class CloverRuntime:
         self.placement = B.parse_placement(self._log.placement, self.n_layer)
         self._logits = np.empty((0,), dtype=np.float32)
         self._state_sizes: dict[int, int] = {}
+        self._nonfinite_diag: str | None = None
         self.last_perf: dict | None = None
 
     # ---------------------------------------------------------------- lifetime
@@ -229,6 +231,32 @@ class CloverRuntime:
         )
 
     # ---------------------------------------------------------------- memory / blocks
+    def diagnose_nonfinite(self, commits: list[tuple[list[int], int]], block: list[int]) -> str:
+        """The first tensor whose output is not finite, by a debug pass (runtime/nonfinite.py) on a
+        second context: the commits replayed, then one denoising step of ``block``. Found once
+        per runtime (the cause is the weights; a server must not pay for it on every request)."""
+        if self._nonfinite_diag is None:
+            from .nonfinite import explain, first_nonfinite
+
+            self._nonfinite_diag = explain(*first_nonfinite(self, commits, block))
+        return self._nonfinite_diag
+
+    def _nonfinite(self, batch, seqs: dict) -> NonFiniteError:
+        """clover_batch_step's CLOVER_ERR_NONFINITE as one line: the C side's where, the debug
+        pass's why."""
+        why = self._log.reason() or "non-finite logits in a denoising step"
+        m = re.search(r"sequence (\d+)", why)
+        q = seqs.get(int(m.group(1))) if m else None
+        diag = ""
+        if q is not None:
+            seq = int(m.group(1))
+            k = max(0, self._lib.clover_batch_tokens(batch, seq, None, 0))
+            gen = (B.llama_token * max(1, k))()
+            self._lib.clover_batch_tokens(batch, seq, gen, k)
+            L = max(1, min(q["bs"], q["n_max"] - k))
+            diag = self.diagnose_nonfinite([(q["prompt"], q["bs"]), (list(gen[:k]), q["bs"])], [self.mask_token_id] * L)
+        return NonFiniteError(f"{self.path}: {why}{diag}")
+
     def _check(self, rc: int, what: str) -> int:
         if rc < 0:
             why = self._log.reason()
@@ -488,6 +516,7 @@ class CloverRuntime:
                     self._lib.lc.llama_sampler_free(grammar)
                 raise
             seqs[seq] = dict(blocks=[], n_gen=0, n_max=c.max_new_tokens, n_prompt=len(toks), t0=tp, grammar=grammar)
+            seqs[seq].update(prompt=toks, bs=c.block_size)
             seqs[seq]["prefill_ms"] = (time.perf_counter() - tp) * 1e3
             if c.max_new_tokens == 0:  # as the reference: no block (clover.h's 0 means no limit)
                 lib.clover_batch_remove(batch, seq)
@@ -532,6 +561,8 @@ class CloverRuntime:
                     rc = lib.clover_batch_step(batch, c_cb, None)
                     if err:
                         raise err[0]
+                    if rc == B.CLOVER_ERR_NONFINITE:  # never tokens from NaN/Inf logits
+                        raise self._nonfinite(batch, seqs)
                     n_c = self._check(rc, "clover_batch_step")
                     for i in stepped if after_step is not None else ():
                         if not after_step(i) and i not in ended:
@@ -599,17 +630,23 @@ class RuntimeBackend:
 
     def __init__(self, rt: CloverRuntime, reset: bool = True):
         self.rt = rt
+        self.commits: list[tuple[list[int], int]] = []  # since the reset, for diagnose()
         if reset:
             rt.reset()
 
     def prefill(self, tokens, block_size):
         self.rt.commit(tokens, block_size)
+        self.commits.append((list(tokens), block_size))
 
     def block_logits(self, block):
         return self.rt.block_logits(block)
 
     def commit(self, block):
         self.rt.commit(block, len(block))
+        self.commits.append((list(block), len(block)))
+
+    def diagnose(self, block) -> str:
+        return self.rt.diagnose_nonfinite(self.commits, list(block))
 
 
 def _ranges(ids: list[int]) -> str:
