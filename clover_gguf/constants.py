@@ -80,6 +80,9 @@ class Keys:
     CHAT_TEMPLATE = "tokenizer.chat_template"
     # provenance
     SOURCE_CONFIG_SHA256 = "clover_gguf.source_config_sha256"
+    # sha256 of the source weights as the converter read them (convert/fingerprint.py): eval
+    # refuses a GGUF whose value is not its reference's
+    SOURCE_WEIGHTS_SHA256 = "clover_gguf.source_weights_sha256"
     TOOL_VERSION = "clover_gguf.version"
     RECIPE = "clover_gguf.recipe"
     # --- converter (clover_gguf.convert) ---

@@ -67,7 +67,7 @@ def open_input(path: str | Path, what: str = ""):
         os.close(fd)
         raise _refusal(path, mode, what)
     os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    return open(fd, "rb")  # noqa: SIM115 (the caller closes it)
 
 
 def read_bytes(path: str | Path, what: str = "") -> bytes:

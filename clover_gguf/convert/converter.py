@@ -32,7 +32,7 @@ from ..config import ConfigError
 from ..constants import ARCH, Keys
 from ..outputs import OutputError, check_replaceable, output_file
 from ..util import default_threads
-from . import ConvertError
+from . import ConvertError, fingerprint
 from .metadata import load_vocab, metadata
 from .pipeline import Pipeline, ShardReader, TensorError
 from .plan import Plan, build_plan, check_imatrix, fmt_bytes
@@ -103,12 +103,14 @@ def convert(
     inputs = _input_files(model_dir, ck) | ({Path(imatrix).resolve()} if imatrix is not None else set())
     _check_output(out, inputs, force, plan.total_bytes)
 
-    kv = metadata(plan, vocab, placeholder, im, name)
+    stand_in = fingerprint.placeholder()  # the header comes first, the weights' hash at the end
+    kv = metadata(plan, vocab, placeholder, im, name, weights_sha256=stand_in)
     t0 = time.perf_counter()
     with temporary_output(out, force, result.notes) as f, ShardReader(ck) as reader:
         pipeline = Pipeline(plan, reader, im, threads or default_threads(), progress)
         write_gguf(f, plan, kv, pipeline)
-    result.warnings = [b.describe() for b in pipeline.big.values()]
+        fingerprint.patch(f, stand_in, pipeline.scan.sha.hexdigest())
+    result.warnings = [b.describe() for b in pipeline.scan.big.values()]
     result.seconds = time.perf_counter() - t0
     result.bytes_in = plan.src_bytes
     result.bytes_out = out.stat().st_size

@@ -139,8 +139,11 @@ def _raw_config(model_dir: Path) -> dict:
         return {}
 
 
-def metadata(plan: Plan, vocab, placeholder: bool, imatrix=None, name: str | None = None) -> list[tuple]:
-    """[(key, value, GGUFValueType, subtype)] in writing order."""
+def metadata(
+    plan: Plan, vocab, placeholder: bool, imatrix=None, name: str | None = None, weights_sha256: str | None = None
+) -> list[tuple]:
+    """[(key, value, GGUFValueType, subtype)] in writing order. ``weights_sha256``: the source
+    weights' fingerprint (or its stand-in, patched when the data is written)."""
     c = plan.config
     raw = _raw_config(plan.model_dir)
     S, U32, F32, B, A = (
@@ -176,6 +179,8 @@ def metadata(plan: Plan, vocab, placeholder: bool, imatrix=None, name: str | Non
     add(Keys.SOURCE_CONFIG_SHA256, c.sha256(), S)
     add(Keys.TOOL_VERSION, __version__, S)
     add(Keys.SOURCE_LAYOUT, plan.layout, S)
+    if weights_sha256 is not None:
+        add(Keys.SOURCE_WEIGHTS_SHA256, weights_sha256, S)
     # architecture
     add(K(Keys.VOCAB_SIZE), c.vocab_size, U32)
     add(K(Keys.CONTEXT_LENGTH), int(raw.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH)), U32)

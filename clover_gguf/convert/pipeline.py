@@ -10,6 +10,7 @@ appends them to the output. A failure anywhere stops all three and surfaces as a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -175,6 +176,22 @@ class BigWeight:
         )
 
 
+class SourceScan:
+    """What the converter learns from the source values as they stream past: the tensors with
+    weights past the warning bound, and the weights' fingerprint (convert/fingerprint.py)."""
+
+    def __init__(self):
+        self.big: dict[str, BigWeight] = {}  # GGUF tensor -> its weights past the bound
+        self.sha = hashlib.sha256()
+
+    def see(self, entry: PlanEntry, piece: Piece, reader: ShardReader, t: torch.Tensor, r0: int) -> None:
+        from .fingerprint import row_bytes
+
+        self.sha.update(row_bytes(t))
+        if entry.transform != "a_log":  # an A_log past the bound overflows: refused by _check_range
+            _note_big(self.big, entry, piece, reader, t, r0)
+
+
 def _note_big(big: dict, entry: PlanEntry, piece: Piece, reader: ShardReader, t: torch.Tensor, r0: int) -> None:
     i = first_at_least(t)
     if i is None:
@@ -187,10 +204,10 @@ def _note_big(big: dict, entry: PlanEntry, piece: Piece, reader: ShardReader, t:
     big[entry.name] = BigWeight(entry.name, piece.hf, reader.ck.shard_of(piece.hf), r0 + i // cols, i % cols, m)
 
 
-def prepare(entry: PlanEntry, piece: Piece, reader: ShardReader, r0: int, r1: int, big: dict | None = None):
+def prepare(entry: PlanEntry, piece: Piece, reader: ShardReader, r0: int, r1: int, scan: SourceScan | None = None):
     """Read rows and bring them to what gets quantized: ('raw', bytes-as-uint8) when the
-    bits can be copied unchanged, else ('f32', float32 ndarray [rows, n_per_row]). ``big``
-    collects the tensors with weights past the warning bound (BIG_WEIGHT_EXP)."""
+    bits can be copied unchanged, else ('f32', float32 ndarray [rows, n_per_row]). ``scan``
+    sees the source rows (fingerprint, weights past the warning bound)."""
     t = reader.rows(piece.hf, r0, r1)
     bad = first_nonfinite(t)
     if bad is not None:
@@ -200,8 +217,8 @@ def prepare(entry: PlanEntry, piece: Piece, reader: ShardReader, r0: int, r1: in
             f"{shard}: tensor {piece.hf} has a non-finite value (NaN/Inf) at row "
             f"{r0 + bad // cols}, column {bad % cols}; no output written"
         )
-    if big is not None and entry.transform != "a_log":  # A_log past the bound overflows: refused below
-        _note_big(big, entry, piece, reader, t, r0)
+    if scan is not None:
+        scan.see(entry, piece, reader, t, r0)
     if entry.transform == "a_log":
         t = (-torch.exp(t.double())).float()
     elif entry.transform == "conv":
@@ -265,7 +282,7 @@ class Pipeline:
         self.threads, self.progress = threads, progress
         self._errors: list[BaseException] = []
         self._stop = threading.Event()
-        self.big: dict[str, BigWeight] = {}  # GGUF tensor -> its weights past the warning bound
+        self.scan = SourceScan()
 
     # ---- errors ------------------------------------------------------------------------
     def _fail(self, exc: BaseException, entry: PlanEntry | None, piece: Piece | None) -> None:
@@ -295,7 +312,7 @@ class Pipeline:
                 for p, r0, r1 in chunks(e, self.reader):
                     if self._stop.is_set():
                         return
-                    kind, data = prepare(e, p, self.reader, r0, r1, self.big)
+                    kind, data = prepare(e, p, self.reader, r0, r1, self.scan)
                     _, dt, shape, _ = self.reader.info(p.hf)
                     nsrc = (r1 - r0) * DTYPES[dt][1] * (shape[-1] if shape else 1)
                     in_q.put((e, p, kind, data, nsrc))

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -30,8 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..checkpoint import Checkpoint
 from ..config import CloverConfig
 from ..constants import DEFAULT_THRESHOLD
+from ..convert.fingerprint import weights_sha256
 from ..outputs import output_file, write_json
 from ..reference.generate import NonFiniteError
 from ..util import EVALDATA, default_threads
@@ -604,10 +607,13 @@ def tokens_sha256(tokens) -> str:
     return h.hexdigest()
 
 
-def check_matches_reference(gguf: Path, reference: Path, cfg) -> None:
+def check_matches_reference(gguf: Path, reference: Path, cfg, reference_sha256=None) -> str | None:
     """The GGUF is a conversion of the reference: architecture, shapes and special ids of the
-    config, every tensor's shape, and the tokenizer's token strings (by hash). Raises
-    QualityError naming the first difference."""
+    config, every tensor's shape, the tokenizer's token strings (by hash), and the source
+    weights' fingerprint the converter recorded (clover_gguf.source_weights_sha256, compared
+    with ``reference_sha256()``, by default convert.fingerprint.weights_sha256 of the reference).
+    Raises QualityError naming the first difference; returns a note for a GGUF without the
+    fingerprint (an older clover-gguf's or another converter's), checked by the rest only."""
     from ..convert.metadata import load_vocab
     from ..gguf_io.reader import config_from_reader, gguf_shapes, open_gguf, shown_name, token_strings
 
@@ -640,6 +646,32 @@ def check_matches_reference(gguf: Path, reference: Path, cfg) -> None:
             f"tokenizer token strings differ (sha256 {tokens_sha256(got)[:12]} vs {tokens_sha256(ref)[:12]}; "
             f"first at token {i}: {a!r} vs {b!r})"
         )
+    return _check_weights_sha256(r, gguf, reference, reference_sha256, differs)
+
+
+def _check_weights_sha256(r, gguf: Path, reference: Path, reference_sha256, differs) -> str | None:
+    from ..checkpoint import Checkpoint
+    from ..constants import Keys
+    from ..convert.fingerprint import weights_sha256
+
+    f = r.fields.get(Keys.SOURCE_WEIGHTS_SHA256)
+    if f is None:
+        return (
+            f"{gguf.name} has no {Keys.SOURCE_WEIGHTS_SHA256} (converted by an older clover-gguf or another "
+            "converter): matched to the reference by config, shapes and tokenizer only"
+        )
+    try:
+        got = bytes(f.parts[f.data[0]]).decode("ascii")
+    except (IndexError, UnicodeDecodeError, TypeError):
+        got = None
+    want = reference_sha256() if reference_sha256 is not None else weights_sha256(Checkpoint(reference))
+    if got != want:
+        raise differs(
+            f"its source weights' fingerprint ({Keys.SOURCE_WEIGHTS_SHA256}) is "
+            f"{(got or 'not a sha256')[:16]}..., the reference's weights hash to {want[:16]}...: it is not a "
+            "conversion of this reference"
+        )
+    return None
 
 
 def _tokenizer(model_dir: Path):
@@ -683,8 +715,11 @@ def run_quality(
     provs, notes, (rt_ok, rt_why) = select_providers(backend)
 
     cfg = CloverConfig.load(reference)
+    ref_sha = functools.cache(lambda: weights_sha256(Checkpoint(reference)))  # read once, if needed
     for g in ggufs:  # before any scoring: a GGUF of another model would score nonsense
-        check_matches_reference(g, reference, cfg)
+        note = check_matches_reference(g, reference, cfg, ref_sha)
+        if note:
+            notes.append(note)
     B = int(sampling.block_size or cfg.block_size)
     tokenizer = _tokenizer(reference)
     prompts = generation.load_prompts(tokenizer, cfg.vocab_size)

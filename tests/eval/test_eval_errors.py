@@ -3,11 +3,11 @@ GGUF that is not a conversion of the reference is refused before anything is sco
 
 import pytest
 from click.testing import CliRunner
-from eval_helpers import RC
+from eval_helpers import RC, docs
 from testdata import TINY
 
 from clover_gguf.cli import cli
-from clover_gguf.eval.quality import QualityError, Sampling, check_matches_reference, run_quality
+from clover_gguf.eval.quality import Generation, QualityError, Sampling, check_matches_reference, run_quality
 from clover_gguf.gguf_io import codec as F
 
 
@@ -146,3 +146,40 @@ def test_conversion_of_the_reference_matches(rc_gguf):
     from clover_gguf.config import CloverConfig
 
     check_matches_reference(rc_gguf, RC, CloverConfig.load(RC))  # no error
+
+
+def test_same_shapes_other_weights_is_refused(tmp_path):
+    """Issue 26 defect 8: a synthetic model of the reference's shapes and tokenizer was scored
+    (KL 3.5, exit 0). The GGUF records the source weights' fingerprint; eval compares it."""
+    from clover_gguf.config import CloverConfig
+    from clover_gguf.convert.converter import convert
+    from clover_gguf.gguf_io.synth import write_synthetic
+
+    other = tmp_path / "other"
+    write_synthetic(other, CloverConfig.load(RC), seed=3, progress=False)
+    g = tmp_path / "other.gguf"
+    convert(other, g, recipe="bf16", progress=False)
+    check = lambda: check_matches_reference(g, RC, CloverConfig.load(RC))  # noqa: E731
+    with pytest.raises(QualityError, match="it is not a conversion of this reference"):
+        check()  # config, shapes and (placeholder) tokenizer all match: only the fingerprint differs
+    res = _invoke("eval", "quality", "--reference", str(RC), str(g), "--out", str(tmp_path / "o"))
+    _one_line(res, "clover_gguf.source_weights_sha256")
+    assert not (tmp_path / "o" / "quality.json").exists()
+
+
+def test_a_gguf_without_the_fingerprint_keeps_the_other_checks(rc_gguf, tmp_path):
+    """Files converted before the fingerprint (or by llama.cpp's converter) are matched by config,
+    shapes and tokenizer as before, and the report says so."""
+    from clover_gguf.config import CloverConfig
+    from clover_gguf.constants import Keys
+
+    g = F.parse(rc_gguf.read_bytes())
+    g.kvs = [kv for kv in g.kvs if kv.key != Keys.SOURCE_WEIGHTS_SHA256.encode()]
+    old = tmp_path / "old.gguf"
+    old.write_bytes(F.serialize(g)[0])
+    note = check_matches_reference(old, RC, CloverConfig.load(RC))
+    assert "has no clover_gguf.source_weights_sha256" in note and "config, shapes and tokenizer only" in note
+    s = Sampling(docs=docs(), n_windows=1, n_blocks=2, top_k=8)
+    run = run_quality(RC, [old], s, Generation(enabled=False), backend="reference", log=lambda *a: None)
+    assert any("has no clover_gguf.source_weights_sha256" in n for n in run.notes)
+    assert check_matches_reference(rc_gguf, RC, CloverConfig.load(RC)) is None  # carries the matching value
