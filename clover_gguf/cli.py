@@ -13,6 +13,17 @@ from .constants import DEFAULT_THRESHOLD
 from .options import InputPath, option_type
 
 
+def os_error_line(e: OSError, subject=None) -> str:
+    """An OSError as one line: the file it names, else the system's reason alone (an ENOMEM or
+    EAGAIN with no file is a limit of the machine: naming the model would blame the file)."""
+    why = e.strerror or str(e)
+    if e.filename:
+        return f"{e.filename}: {why}"
+    return (
+        f"{why} (a system resource ran out{f' while working on {subject}' if subject else ''}; not a fault of the file)"
+    )
+
+
 class OneLineErrors(click.Group):
     """Errors are one line: a bad option value prints "Error: ..." without the usage block."""
 
@@ -20,6 +31,11 @@ class OneLineErrors(click.Group):
         standalone = kwargs.pop("standalone_mode", True)
         try:
             return super().main(*args, standalone_mode=False, **kwargs)
+        except MemoryError:
+            if not standalone:
+                raise
+            click.echo("Error: not enough memory (MemoryError): free memory or raise the limit (ulimit -v)", err=True)
+            sys.exit(1)
         except click.ClickException as e:
             if not standalone:
                 raise
@@ -200,7 +216,7 @@ def run_cmd(
     except (ValueError, ConfigError, RuntimeError_, RuntimeNotBuilt) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
-        raise click.ClickException(f"{e.filename or model}: {e.strerror or e}") from None
+        raise click.ClickException(os_error_line(e, model)) from None
     print_output(out, as_json)
 
 
@@ -383,7 +399,7 @@ def inspect_cmd(path, show_tensors, no_metadata):
     except ValueError as e:  # names the file
         raise click.ClickException(str(e)) from None
     except OSError as e:
-        raise click.ClickException(f"{path}: {e.strerror or e}") from None
+        raise click.ClickException(os_error_line(e, path)) from None
     click.echo(format_inspection(ins, show_tensors=show_tensors, show_metadata=not no_metadata))
 
 
@@ -528,7 +544,7 @@ def plan_cmd(
     except (PlanError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
-        raise click.ClickException(f"{e.filename or model}: {e.strerror or e}") from None
+        raise click.ClickException(os_error_line(e, model or shape)) from None
 
 
 # --- serve --------------------------------------------------------------------------------

@@ -16,9 +16,11 @@ import click
 from .limits import BY_CONFIG, MAX_VOCAB
 
 # ggml.h: the CPU thread pool's parameters hold a cpumask of GGML_MAX_N_THREADS entries, and
-# ggml-cpu.c packs a graph's thread count into the 16 low bits of threadpool->n_graph
-# (GGML_THREADPOOL_N_THREADS_MASK): `serve -t 99999` stored 99999 & 0xffff = 34463 there while
-# OpenMP started 99999 workers, whose thread indices ran past the count (SIGSEGV).
+# ggml-cpu.c reads a graph's thread count from the 16 low bits of threadpool->n_graph
+# (GGML_THREADPOOL_N_THREADS_MASK): with `serve -t 99999` OpenMP's workers number past what
+# that field holds (99999 & 0xffff = 34463), workers with ith >= the masked count split work
+# they do not own: the likely cause of the SIGSEGV on the first request (read from the source,
+# not re-run: 99999 threads on a shared machine). Nothing above 512 is a sane thread count.
 GGML_MAX_N_THREADS = 512
 INT32_MAX = 2**31 - 1
 SEED_MAX = 2**32 - 1  # clover_gen_params.seed is uint32; the reference masks the same bits

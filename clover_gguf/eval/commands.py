@@ -60,7 +60,9 @@ def one_line_errors(f):
         except (QualityError, EvalCorpusError, ConvertError, RuntimeError_, RuntimeNotBuilt, ValueError) as e:
             raise click.ClickException(str(e)) from None
         except OSError as e:
-            raise click.ClickException(f"{e.filename}: {e.strerror}" if e.filename else str(e)) from None
+            from ..cli import os_error_line
+
+            raise click.ClickException(os_error_line(e)) from None
 
     return wrapper
 

@@ -14,6 +14,8 @@ reference).
 from __future__ import annotations
 
 import ctypes
+import errno
+import os
 import re
 import time
 from collections.abc import Callable
@@ -87,7 +89,7 @@ class CloverRuntime:
         with B.stderr_silenced(not self._log.verbose):
             self.model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self.model:
-            raise RuntimeLoadError(f"{self.path}: {self._log.reason() or 'llama.cpp could not load it'}")
+            raise RuntimeLoadError(_load_failure(self.path, self._log.reason() or "llama.cpp could not load it"))
         # tensor -> buffer type of every tensor a buffer-type override placed (experts_on_cpu),
         # as llama.cpp's loader reports it
         self.buffer_overrides = dict(self._log.overrides)
@@ -123,7 +125,8 @@ class CloverRuntime:
         if not self.ctx:
             lc.llama_model_free(self.model)
             self.model = None
-            raise RuntimeLoadError(f"{self.path}: cannot create a context ({self._log.reason() or 'no reason logged'})")
+            why = self._log.reason() or "no reason logged"
+            raise RuntimeLoadError(_load_failure(self.path, f"cannot create a context ({why})", why))
         # where the layers, weights, memory and compute buffers went (llama.cpp's load log: it
         # has no API for it), e.g. {"layers": {"RPC0": [0, 1]}, "buffers": {"model": {...}}, ...}
         self.placement = B.parse_placement(self._log.placement, self.n_layer)
@@ -647,6 +650,23 @@ class RuntimeBackend:
 
     def diagnose(self, block) -> str:
         return self.rt.diagnose_nonfinite(self.commits, list(block))
+
+
+# what llama.cpp reports (strerror, or a failed allocation) when the machine, not the file, ran
+# out: memory, address space (ulimit -v), threads, open files
+_RESOURCE_ERRORS = {os.strerror(e) for e in (errno.ENOMEM, errno.EAGAIN, errno.EMFILE, errno.ENFILE)}
+_RESOURCE_WORDS = ("bad_alloc", "failed to allocate", "out of memory", "cannot allocate memory")
+
+
+def _load_failure(path: Path, what: str, why: str | None = None) -> str:
+    """A load or context failure as one line; one caused by a system limit does not blame the file."""
+    why = why if why is not None else what
+    if why.strip() in _RESOURCE_ERRORS or any(w in why.lower() for w in _RESOURCE_WORDS):
+        return (
+            f"{path}: llama.cpp ran out of memory or another system resource while loading it ({why}); "
+            "the file is not at fault: free memory or raise the limits (ulimit -v, -u, -n)"
+        )
+    return f"{path}: {what}"
 
 
 def _ranges(ids: list[int]) -> str:
