@@ -1,26 +1,37 @@
 #!/usr/bin/env python3
-"""Fuzz the loaders of a Clover GGUF: llama-clover-cli and the Python side (inspect, the
-GGUF reader, CloverRuntime), on mutants of a small valid file.
+"""Fuzz the loaders and the generation of a Clover GGUF: llama-clover-cli and the Python side
+(inspect, the GGUF reader, CloverRuntime), on mutants of two small valid files.
 
-    python scripts/fuzz_gguf.py --iterations 300               # the CI campaign (fails on a crash or hang)
-    python scripts/fuzz_gguf.py --iterations 20000 --seed 7    # a long one
+    python scripts/fuzz_gguf.py --iterations 240               # the CI campaign (fails on any finding)
+    python scripts/fuzz_gguf.py --iterations 5000 --seed 7     # a long one
     python scripts/fuzz_gguf.py --replay tests/data/fuzz       # the kept inputs again
 
-Each iteration mutates the metadata region of the base file (spec random-clover, converted
-with the default recipe): random byte flips, or a structured change to one key (type, huge,
-zero, negative, NaN/Inf, strings, arrays: count, duplicates), one tensor info (dims, n_dims,
-type, offset, name) or the header counts. Every mutant runs through
+Two base files: ``spec`` (the spec's random-clover, converted with the default recipe, run on
+prompt ids) and ``tiny`` (clover-tiny: the real BPE vocabulary, merges and chat template, run on
+a text prompt, and in Python also through the chat template and the detokenizer);
+``--tiny-share`` of the mutants start from tiny. A mutant is
 
-* ``llama-clover-cli -m MUTANT --prompt-ids ... -n 16`` in a subprocess, and
-* a forked child of this process: ``inspect``, ``load_gguf_as_hf_tensors`` and
-  ``CloverRuntime`` + ``generate``,
+* random byte flips in the metadata, or a structured change to one key (type, huge, zero,
+  negative, NaN/Inf, strings, arrays: count, duplicates), one tensor info (dims, n_dims,
+  type, offset, name) or the header counts;
+* a change to one tensor's data: NaN, Inf, a huge finite value or zero, in one element or the
+  whole tensor of a float type, or in the scale or all bytes of one block of a quantized one;
+* the file cut short.
 
-each under a memory limit (RLIMIT_AS) and a timeout. Outcomes: ``ok`` (loaded and ran),
-``clean`` (refused: exit 1 with one ``error:`` line / the documented exception types),
-``crash`` (a signal), ``hang`` (timeout), ``unclean`` (any other exit or exception, or more
-than one line). Inputs that crash, hang or are unclean are kept in ``--keep`` (default
-tests/data/fuzz/) with a ``.txt`` saying what happened; ``tests/runtime/test_fuzz.py`` replays
-them. Exit status 1 when anything but ok/clean happened.
+Every mutant runs through ``llama-clover-cli`` in a subprocess and, in a worker process,
+``inspect``, ``load_gguf_as_hf_tensors`` and ``CloverRuntime`` (generate, and the logits of one
+denoising step), each under a memory limit (RLIMIT_AS) and a timeout. Outcomes:
+
+* ``ok``: it ran and its output is the unmutated file's; ``changed``: it ran and its output
+  differs, which the mutation explains (it touched something generation reads);
+* ``clean``: refused: exit 1 with one ``error:`` line / a documented exception, one line;
+* findings: ``crash`` (a signal), ``hang`` (timeout), ``unclean`` (any other exit or
+  exception, or more than one line), ``nonfinite`` (exit 0 with non-finite logits), ``differs``
+  (it ran and its output differs although the mutation touched only what generation never
+  reads: general.name, clover_gguf.* provenance, ...).
+
+Findings are kept in ``--keep`` (default tests/data/fuzz/) with a ``.txt`` saying what happened;
+``tests/runtime/test_fuzz.py`` replays them. Exit status 1 on any finding.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import random
 import resource
 import select
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -44,9 +56,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 KEEP = REPO / "tests" / "data" / "fuzz"
 PROMPT_IDS = "1,2,3,4,5,6,7,8,9,10,11"
+TEXT_PROMPT = "def fibonacci(n):"
+CHAT = [{"role": "user", "content": "Write a loop"}]
+N_PREDICT = 16
 MEM_LIMIT = 4 << 30  # address space a target may add
 CLI: Path | None = None  # --cli
 TIMEOUT = 30.0
+GOOD = ("ok", "changed", "clean")
 
 sys.path.insert(0, str(REPO))  # this checkout's clover_gguf, also when run as a script
 from clover_gguf.gguf_io.codec import (  # noqa: E402
@@ -59,23 +75,66 @@ from clover_gguf.gguf_io.codec import (  # noqa: E402
     I32,
     I64,
     INT_TYPES,
+    KV,
     STR,
     U8,
     U16,
     U32,
     U64,
     Gguf,
+    TensorInfo,
     parse,
     serialize,
+    tensor_span,
+    value_spans,
 )
 
-# ---- mutations -------------------------------------------------------------------------------
+# Keys generation never reads: a mutant that changes only these must give the base's output.
+UNREAD_KEYS = {
+    b"general.name",
+    b"general.size_label",
+    b"general.license",
+    b"clover_gguf.recipe",
+    b"clover_gguf.version",
+    b"clover_gguf.source_config_sha256",
+    b"clover_gguf.source_weights_sha256",
+    b"clover_gguf.source_expert_layout",
+}
+
+
+@dataclass
+class Base:
+    """A valid base file and what it gives unmutated (per target, its output)."""
+
+    kind: str  # "spec" | "tiny"
+    path: Path
+    raw: bytes
+    g: Gguf
+    meta_len: int
+    unread: list  # byte ranges of UNREAD_KEYS' values
+    expected: dict = field(default_factory=dict)
+
+
+def load_base(kind: str, path: Path) -> Base:
+    raw = path.read_bytes()
+    g = parse(raw)
+    data, meta_len = serialize(g)
+    assert data == raw, "the codec does not round-trip the base file"
+    unread = [span for k, span in value_spans(g).items() if k in UNREAD_KEYS]
+    return Base(kind, path, raw, g, meta_len, unread)
+
+
+# ---- mutations of the metadata ----------------------------------------------------------------
 
 
 def _copy(g: Gguf) -> Gguf:
-    import copy
-
-    return copy.deepcopy(g)
+    """A copy the mutations may change in place (the arrays' lists copied, their items shared:
+    a deep copy of tiny's 8,000 token strings and merges would dominate an iteration)."""
+    kvs = [
+        KV(kv.key, kv.type, (kv.value[0], list(kv.value[1])) if kv.type == ARR else kv.value, kv.count) for kv in g.kvs
+    ]
+    tis = [TensorInfo(t.name, list(t.dims), t.type, t.offset, t.n_dims) for t in g.tis]
+    return Gguf(g.version, kvs, tis, g.data, g.n_kv, g.n_tensors)
 
 
 def _other_value(rng, t):
@@ -198,19 +257,95 @@ def mutate_header(rng, g: Gguf) -> str:
     return f"header: {op}"
 
 
-def mutant(rng, base: Gguf, raw_base: bytes, meta_len: int) -> tuple[bytes, str]:
-    """One mutant and what was done to it."""
+def byte_flips(rng, base: Base) -> tuple[bytes, str, bool]:
+    b = bytearray(base.raw)
+    k = rng.choice([1, 1, 2, 3, 8])
+    unread = base.unread if rng.random() < 0.2 else []  # sometimes aim at values nothing reads
+    offsets = []
+    for _ in range(k):
+        if unread:
+            lo, hi = rng.choice(unread)
+            i = rng.randrange(lo, hi) if hi > lo else rng.randrange(base.meta_len)
+        else:
+            i = rng.randrange(base.meta_len)
+        b[i] = b[i] ^ (1 << rng.randrange(8)) if rng.random() < 0.5 else rng.randrange(256)
+        offsets.append(i)
+    same = all(any(lo <= i < hi for lo, hi in base.unread) for i in offsets)
+    return bytes(b), f"{k} byte flip(s) in the metadata{' (values nothing reads)' if same else ''}", same
+
+
+# ---- mutations of the tensor data ---------------------------------------------------------------
+
+# ggml type -> (struct format or raw, NaN, Inf, huge finite) of the float types
+_FLOAT = {
+    0: ("<f", struct.pack("<f", math.nan), struct.pack("<f", math.inf), struct.pack("<f", 3e38)),
+    1: ("<e", b"\x00\x7e", b"\x00\x7c", b"\xff\x7b"),  # F16: 65504
+    30: ("bf16", b"\xc0\x7f", b"\x80\x7f", b"\x7f\x7f"),  # BF16: 3.39e38
+}
+_QUANT_SCALE = {"nan": b"\x00\x7e", "inf": b"\x00\x7c", "huge": b"\xff\x7b", "zero": b"\x00\x00"}
+
+
+def mutate_data(rng, g: Gguf) -> str:
+    """NaN, Inf, a huge finite value or zero in one tensor's data: one element or all of a float
+    tensor; the leading F16 scale or all bytes of one block of a quantized one."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    ti = rng.choice(g.tis)
+    span = tensor_span(ti)
+    name = ti.name.decode("utf-8", "replace")
+    if span is None or span[1] == 0:
+        return f"data {name}: unknown type {ti.type}, unchanged"
+    off, n = span
+    op = rng.choice(["nan", "inf", "huge", "zero"])
+    data = bytearray(g.data)
+    if ti.type in _FLOAT:
+        fmt, nan, inf, huge = _FLOAT[ti.type]
+        esize = 4 if ti.type == 0 else 2
+        val = {"nan": nan, "inf": inf, "huge": huge, "zero": b"\0" * esize}[op]
+        if rng.random() < 0.5:
+            data[off : off + n] = val * (n // esize)
+            where = "all"
+        else:
+            i = rng.randrange(n // esize)
+            data[off + i * esize : off + (i + 1) * esize] = val
+            where = f"element {i}"
+    else:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ti.type)]
+        i = rng.randrange(n // size)
+        b0 = off + i * size
+        if rng.random() < 0.5:  # the block's first F16 (d: its scale in the Q*_0/Q*_K/IQ* formats)
+            data[b0 : b0 + 2] = _QUANT_SCALE[op]
+            where = f"block {i} scale"
+        else:
+            data[b0 : b0 + size] = (b"\xff" if op in ("nan", "inf", "huge") else b"\0") * size
+            where = f"block {i} all bytes"
+    g.data = bytes(data)
+    return f"data {name}: {op} ({where})"
+
+
+def truncate(rng, base: Base) -> tuple[bytes, str]:
+    n = len(base.raw)
+    cut = rng.choice([rng.randrange(base.meta_len), rng.randrange(base.meta_len, n), n - rng.randrange(1, 64)])
+    return base.raw[:cut], f"truncate at {cut} of {n} bytes"
+
+
+def mutant(rng, base: Base) -> tuple[bytes, str, bool]:
+    """(mutant bytes, what was done, whether generation must give the base's output)."""
     kind = rng.random()
-    if kind < 0.35:  # byte flips in the metadata region
-        b = bytearray(raw_base)
-        k = rng.choice([1, 1, 2, 3, 8])
-        for _ in range(k):
-            i = rng.randrange(meta_len)
-            b[i] = b[i] ^ (1 << rng.randrange(8)) if rng.random() < 0.5 else rng.randrange(256)
-        return bytes(b), f"{k} byte flip(s) in the metadata"
-    g = _copy(base)
-    what = (mutate_kv if kind < 0.8 else mutate_tensor if kind < 0.95 else mutate_header)(rng, g)
-    return serialize(g)[0], what
+    if kind < 0.25:
+        return byte_flips(rng, base)
+    if kind < 0.9:
+        g = _copy(base.g)
+        if kind < 0.55:
+            what = mutate_kv(rng, g)
+            key = what[3:].split(":")[0].encode()
+            same = key in UNREAD_KEYS
+        else:
+            what = (mutate_tensor if kind < 0.65 else mutate_header if kind < 0.68 else mutate_data)(rng, g)
+            same = what.endswith("unchanged")
+        return serialize(g)[0], what, same
+    data, what = truncate(rng, base)
+    return data, what, False
 
 
 # ---- running the targets ------------------------------------------------------------------------
@@ -227,56 +362,90 @@ def _limit(extra: int):
     return f
 
 
-def run_cli(cli: Path, path: Path, timeout: float) -> tuple[str, str]:
+def run_cli(cli: Path, path: Path, timeout: float, kind: str = "spec") -> tuple[str, str, str]:
+    """(outcome, detail, output): llama-clover-cli on the spec base's prompt ids, or the tiny
+    base's text prompt (its tokenizer), printing the text and the ids."""
+    prompt = ["--prompt-ids", PROMPT_IDS] if kind == "spec" else ["-p", TEXT_PROMPT]
     try:
         r = subprocess.run(
-            [str(cli), "-m", str(path), "--prompt-ids", PROMPT_IDS, "-n", "16", "-t", "1"],
+            [str(cli), "-m", str(path), *prompt, "-n", str(N_PREDICT), "-t", "1", "--print-ids"],
             capture_output=True,
             timeout=timeout,
             preexec_fn=_limit(MEM_LIMIT),
         )
     except subprocess.TimeoutExpired:
-        return "hang", f"no exit after {timeout:g} s"
+        return "hang", f"no exit after {timeout:g} s", ""
     err = r.stderr.decode("utf-8", "replace").strip()
     if r.returncode < 0:
-        return "crash", f"signal {signal.Signals(-r.returncode).name}: {err[-2000:]}"
+        return "crash", f"signal {signal.Signals(-r.returncode).name}: {err[-2000:]}", ""
     if r.returncode == 0:
-        return "ok", ""
+        return "ok", "", r.stdout.decode("utf-8", "replace")
     if r.returncode == 1 and err.startswith("error: ") and "\n" not in err:
-        return "clean", err
-    return "unclean", f"exit {r.returncode}: {err[-2000:]}"
+        return "clean", err, ""
+    return "unclean", f"exit {r.returncode}: {err[-2000:]}", ""
 
 
-def _python_checks(path: Path) -> dict:
-    """In the forked child: each Python entry point either works or raises its documented error."""
+def _generation(path: Path, kind: str) -> str:
+    """CloverRuntime on the mutant: generate (text through the tokenizer and the chat template on
+    tiny), then the logits of one denoising step, which must be finite. The output as JSON."""
+    import numpy as np
+
+    from clover_gguf.reference.generate import GenerationConfig
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    rt = CloverRuntime(path, n_threads=1)
+    try:
+        out = {}
+        if kind == "spec":
+            ids = [int(x) for x in PROMPT_IDS.split(",")]
+        else:
+            ids = rt.tokenize(TEXT_PROMPT)
+            out["chat"] = rt.chat_prompt(CHAT, enable_thinking=False)
+        res = rt.generate(ids, GenerationConfig(max_new_tokens=N_PREDICT, block_size=rt.default_block_size))
+        out["ids"] = res.tokens
+        if kind != "spec":
+            out["text"] = rt.detokenize(res.tokens)
+        rt.reset()
+        rt.commit(ids, rt.default_block_size)
+        lg = rt.block_logits_np([rt.mask_token_id] * rt.default_block_size)
+        lg[:, rt.mask_token_id] = 0.0  # the mask token's column is never a prediction
+        if not np.isfinite(lg).all():
+            raise NonFiniteOutput(f"exit 0 but {int((~np.isfinite(lg)).sum())} non-finite logits in a denoising step")
+        return json.dumps(out, sort_keys=True)
+    finally:
+        rt.close()
+
+
+class NonFiniteOutput(Exception):
+    pass
+
+
+def _python_checks(path: Path, kind: str = "spec") -> dict:
+    """In the worker: each Python entry point either works or raises its documented error."""
     from clover_gguf.gguf_io.inspection import format_inspection, inspect_path
     from clover_gguf.gguf_io.reader import GGUFReadError, load_gguf_as_hf_tensors
-    from clover_gguf.reference.generate import GenerationConfig
-    from clover_gguf.runtime.runtime import CloverRuntime, RuntimeError_
+    from clover_gguf.runtime.runtime import RuntimeError_
 
     out = {}
 
     def check(name, fn, clean_types):
         try:
-            fn()
-            out[name] = ["ok", ""]
+            r = fn()
+            out[name] = ["ok", "", r if isinstance(r, str) else ""]
+        except NonFiniteOutput as e:
+            out[name] = ["nonfinite", str(e), ""]
         except clean_types as e:
             msg = str(e)
-            out[name] = ["clean", msg] if "\n" not in msg.strip() else ["unclean", msg]
+            out[name] = ["clean", msg, ""] if "\n" not in msg.strip() else ["unclean", msg, ""]
         except BaseException as e:  # noqa: BLE001 - any other exception is a finding
             import traceback
 
-            out[name] = ["unclean", "".join(traceback.format_exception(e))[-3000:]]
+            out[name] = ["unclean", "".join(traceback.format_exception(e))[-3000:], ""]
 
-    check("inspect", lambda: format_inspection(inspect_path(path), show_tensors=True), (ValueError,))
-    check("reader", lambda: load_gguf_as_hf_tensors(path), (GGUFReadError,))
-
-    def runtime():
-        rt = CloverRuntime(path, n_threads=1)
-        ids = [int(x) for x in PROMPT_IDS.split(",")]
-        rt.generate(ids, GenerationConfig(max_new_tokens=16, block_size=rt.default_block_size))
-
-    check("runtime", runtime, (RuntimeError_, ValueError))
+    check("inspect", lambda: format_inspection(inspect_path(path), show_tensors=True) and None, (ValueError,))
+    if kind == "spec":  # dequantizing all of tiny costs 10x its other targets and reads no tokenizer
+        check("reader", lambda: load_gguf_as_hf_tensors(path) and None, (GGUFReadError,))
+    check("runtime", lambda: _generation(path, kind), (RuntimeError_, ValueError))
     return out
 
 
@@ -327,31 +496,30 @@ class PythonWorker:
             os.close(self.rd)
             self.proc = None
 
-    def check(self, path: Path, timeout: float) -> dict[str, tuple[str, str]]:
-        res = self._check(path, timeout)
+    def check(self, path: Path, timeout: float, kind: str = "spec") -> dict[str, tuple[str, str, str]]:
+        res = self._check(path, timeout, kind)
         if "python" in res and self.proc is None:
             # the worker died: the cause may be an earlier input's (a corrupted heap); try alone
-            again = self._check(path, timeout)
+            again = self._check(path, timeout, kind)
             if "python" not in again:
-                outcome, detail = res["python"]
-                return {
-                    "python": (outcome, f"{detail}, but not when run alone: an earlier input left the process broken")
-                }
+                outcome, detail, _ = res["python"]
+                why = f"{detail}, but not when run alone: an earlier input left the process broken"
+                return {"python": (outcome, why, "")}
         return res
 
-    def _check(self, path: Path, timeout: float) -> dict[str, tuple[str, str]]:
+    def _check(self, path: Path, timeout: float, kind: str) -> dict[str, tuple[str, str, str]]:
         if self.proc is None:
             self._start()
-        got = self._request(str(path), timeout)
+        got = self._request(f"{kind}\t{path}", timeout)
         if got is None:
             self._stop()
-            return {"python": ("hang", f"no answer after {timeout:g} s")}
+            return {"python": ("hang", f"no answer after {timeout:g} s", "")}
         if not got:
             rc = self.proc.wait()
             self._stop()
             if rc < 0:
-                return {"python": ("crash", f"signal {signal.Signals(-rc).name}")}
-            return {"python": ("unclean", f"worker exit {rc}")}
+                return {"python": ("crash", f"signal {signal.Signals(-rc).name}", "")}
+            return {"python": ("unclean", f"worker exit {rc}", "")}
         return {k: tuple(v) for k, v in json.loads(got).items()}
 
     def close(self):
@@ -363,15 +531,15 @@ class PythonWorker:
 
 
 def worker_main(fd: int) -> None:
-    """The worker's loop: one path per line on stdin, one JSON line on fd."""
+    """The worker's loop: one "kind<TAB>path" per line on stdin, one JSON line on fd."""
     import torch
 
     torch.set_num_threads(1)
     _limit(MEM_LIMIT)()
     out = os.fdopen(fd, "w")
     for line in sys.stdin:
-        path = line.strip()
-        res = _python_checks(Path(path)) if path else {}
+        kind, _, path = line.rstrip("\n").partition("\t")
+        res = _python_checks(Path(path), kind) if path else {}
         out.write(json.dumps(res) + "\n")
         out.flush()
 
@@ -390,16 +558,23 @@ class Tally:
 
     @property
     def bad(self) -> int:
-        return sum(n for c in self.counts.values() for o, n in c.items() if o not in ("ok", "clean"))
+        return sum(n for c in self.counts.values() for o, n in c.items() if o not in GOOD)
 
 
-def base_file(work: Path) -> Path:
-    """spec random-clover converted with the default recipe (experts Q4_K -> Q5_0 fallback)."""
+def base_files(work: Path) -> dict[str, Path]:
+    """spec: random-clover with the default recipe (experts Q4_K -> Q5_0 fallback); tiny:
+    clover-tiny with its tokenizer and chat template (experts Q4_K)."""
     from clover_gguf.convert.converter import convert
 
-    out = work / "base.gguf"
-    if not out.exists():
-        convert(REPO / "tests" / "data" / "spec-vectors" / "random-clover", out, progress=False)
+    out = {}
+    for kind, src in (
+        ("spec", REPO / "tests" / "data" / "spec-vectors" / "random-clover"),
+        ("tiny", REPO / "models" / "clover-tiny"),
+    ):
+        p = work / f"base-{kind}.gguf"
+        if not p.exists():
+            convert(src, p, progress=False)
+        out[kind] = p
     return out
 
 
@@ -420,21 +595,35 @@ def find_cli() -> Path:
     return p
 
 
-def check_one(
-    data: bytes, what: str, cli: Path, py: PythonWorker, tally: Tally, keep, timeout: float, tmp: Path
-) -> list:
+def judge(results: dict, base: Base | None, same: bool) -> dict[str, tuple[str, str]]:
+    """Each target's outcome, with a run that gave output compared with the base's: the same
+    (ok), different for a reason (changed), different without one (differs)."""
+    out = {}
+    for target, (outcome, detail, output) in results.items():
+        if outcome == "ok" and base is not None and target in base.expected and output != base.expected[target]:
+            if same:
+                outcome, detail = "differs", f"output {output[:300]!r}, the base's {base.expected[target][:300]!r}"
+            else:
+                outcome = "changed"
+        out[target] = (outcome, detail)
+    return out
+
+
+def check_one(data: bytes, what: str, cli: Path, py: PythonWorker, tally: Tally, keep, timeout: float, tmp: Path,
+              base: Base | None = None, same: bool = False, kind: str = "spec") -> list:  # fmt: skip
+    kind = base.kind if base is not None else kind
     path = tmp / "mutant.gguf"
     path.write_bytes(data)
-    results = {"cli": run_cli(cli, path, timeout), **py.check(path, timeout)}
+    results = judge({"cli": run_cli(cli, path, timeout, kind), **py.check(path, timeout, kind)}, base, same)
     bad = []
     for target, (outcome, detail) in results.items():
         tally.add(target, outcome)
-        if outcome not in ("ok", "clean"):
+        if outcome not in GOOD:
             bad.append((target, outcome, detail))
     if bad and keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         h = hashlib.sha256(data).hexdigest()[:12]
-        name = f"{bad[0][1]}-{bad[0][0]}-{h}"
+        name = f"{bad[0][1]}-{bad[0][0]}-{kind}-{h}"
         (keep / f"{name}.gguf").write_bytes(data)
         (keep / f"{name}.txt").write_text(what + "\n" + "\n".join(f"{t}: {o}: {d}" for t, o, d in bad) + "\n")
     if bad:
@@ -442,25 +631,36 @@ def check_one(
     return bad
 
 
-def campaign(iterations: int, seed: int, keep: Path | None, timeout: float = TIMEOUT, log=print) -> Tally:
+def _expected(base: Base, cli: Path, py: PythonWorker, timeout: float) -> None:
+    """Run the unmutated base everywhere: it must work, and its outputs are what mutants that
+    change nothing generation reads must give."""
+    got = {"cli": run_cli(cli, base.path, timeout, base.kind), **py.check(base.path, timeout, base.kind)}
+    for target, (outcome, detail, output) in got.items():
+        if outcome != "ok":
+            raise SystemExit(f"the unmutated {base.kind} base fails in {target}: {outcome}: {detail}")
+        if target in ("cli", "runtime"):
+            base.expected[target] = output
+    if not base.expected["cli"].strip():
+        raise SystemExit(f"the unmutated {base.kind} base generates nothing in llama-clover-cli")
+
+
+def campaign(iterations: int, seed: int, keep: Path | None, timeout: float = TIMEOUT, log=print,
+             tiny_share: float = 1 / 3) -> Tally:  # fmt: skip
     cli = find_cli()
     tally = Tally()
     rng = random.Random(seed)
     py = PythonWorker()
     with tempfile.TemporaryDirectory(prefix="clover-fuzz-") as td:
         tmp = Path(td)
-        base_path = base_file(tmp)
-        raw = base_path.read_bytes()
-        base = parse(raw)
-        assert serialize(base)[0] == raw, "the codec does not round-trip the base file"
-        meta_len = serialize(base)[1]
-        # the base file itself must load and run everywhere
-        if check_one(raw, "the base file", cli, py, tally, None, timeout, tmp):
-            raise SystemExit(f"the unmutated base file fails: {tally.findings[-1]}")
+        bases = {k: load_base(k, p) for k, p in base_files(tmp).items()}
+        for b in bases.values():
+            _expected(b, cli, py, timeout)
         t0 = time.time()
         for i in range(iterations):
-            data, what = mutant(rng, base, raw, meta_len)
-            for target, outcome, detail in check_one(data, what, cli, py, tally, keep, timeout, tmp):
+            base = bases["tiny" if rng.random() < tiny_share else "spec"]
+            data, what, same = mutant(rng, base)
+            what = f"{base.kind}: {what}"
+            for target, outcome, detail in check_one(data, what, cli, py, tally, keep, timeout, tmp, base, same):
                 log(f"[{i}] {what}: {target} {outcome}: {detail.splitlines()[-1] if detail else ''}")
             if (i + 1) % 100 == 0:
                 log(f"{i + 1}/{iterations} in {time.time() - t0:.0f} s: {json.dumps(tally.counts)}")
@@ -469,12 +669,15 @@ def campaign(iterations: int, seed: int, keep: Path | None, timeout: float = TIM
 
 
 def replay(folder: Path, timeout: float = TIMEOUT) -> Tally:
+    """The kept inputs, each run as its base was (the kind is in the name: -tiny-)."""
     cli = find_cli()
     tally = Tally()
     py = PythonWorker()
     with tempfile.TemporaryDirectory(prefix="clover-fuzz-") as td:
         for f in sorted(folder.glob("*.gguf")):
-            for target, outcome, detail in check_one(f.read_bytes(), f.name, cli, py, tally, None, timeout, Path(td)):
+            kind = "tiny" if "-tiny-" in f.name else "spec"
+            bad = check_one(f.read_bytes(), f.name, cli, py, tally, None, timeout, Path(td), kind=kind)
+            for target, outcome, detail in bad:
                 print(f"{f.name}: {target} {outcome}: {detail.splitlines()[-1] if detail else ''}")
         py.close()
     return tally
@@ -485,8 +688,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--iterations", type=int, default=300)
+    ap.add_argument("--iterations", type=int, default=240)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tiny-share", type=float, default=1 / 3, help="Share of mutants of the clover-tiny base.")
     ap.add_argument("--keep", type=Path, default=KEEP, help="Where failing inputs are kept (default tests/data/fuzz).")
     ap.add_argument("--no-keep", action="store_true", help="Keep nothing.")
     ap.add_argument("--timeout", type=float, default=TIMEOUT, help="Seconds per target and input.")
@@ -504,15 +708,15 @@ def main(argv=None) -> int:
     if a.worker is not None:
         worker_main(a.worker)
         return 0
-    if a.iterations < 0 or not math.isfinite(a.timeout) or a.timeout <= 0:
-        ap.error("--iterations must be >= 0 and --timeout > 0")
+    if a.iterations < 0 or not math.isfinite(a.timeout) or a.timeout <= 0 or not 0 <= a.tiny_share <= 1:
+        ap.error("--iterations must be >= 0, --timeout > 0 and --tiny-share in [0, 1]")
     t0 = time.time()
     if a.replay:
         tally = replay(a.replay, a.timeout)
     else:
-        tally = campaign(a.iterations, a.seed, None if a.no_keep else a.keep, a.timeout)
+        tally = campaign(a.iterations, a.seed, None if a.no_keep else a.keep, a.timeout, tiny_share=a.tiny_share)
     print(f"done in {time.time() - t0:.0f} s: {json.dumps(tally.counts)}")
-    print(f"crashes, hangs or unclean results: {tally.bad}")
+    print(f"findings (crash, hang, unclean, nonfinite, differs): {tally.bad}")
     return 1 if tally.bad else 0
 
 

@@ -143,6 +143,38 @@ def serialize(g: Gguf) -> tuple[bytes, int]:
     return meta + g.data, len(meta)
 
 
+def value_spans(g: Gguf) -> dict[bytes, tuple[int, int]]:
+    """key -> byte range of its value's content in serialize(g)'s output, for scalar and string
+    key/values (a string's bytes without its length): where a byte flip changes the value and
+    nothing else."""
+    pos = struct.calcsize("<IIQQ")
+    out = {}
+    for kv in g.kvs:
+        pos += 8 + len(kv.key) + 4
+        body = len(_pack_value(kv.type, kv.value))
+        if kv.type == STR:
+            out[kv.key] = (pos + 8, pos + body)
+        elif kv.type != ARR:
+            out[kv.key] = (pos, pos + body)
+        pos += body
+    return out
+
+
+def tensor_span(ti: TensorInfo) -> tuple[int, int] | None:
+    """(offset, bytes) of a tensor's data in Gguf.data, for the float and quantized types gguf-py
+    knows; None for another type number."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ti.type)]
+    except (ValueError, KeyError):
+        return None
+    n = 1
+    for d in ti.dims:
+        n *= d
+    return ti.offset, n // block * size
+
+
 def tensor_nbytes(ti: TensorInfo) -> int | None:
     """Bytes of a tensor of a float type (F32, F16, BF16); None for the others."""
     size = {0: 4, 1: 2, 30: 2}.get(ti.type)

@@ -1,13 +1,16 @@
-"""The fuzz harness (scripts/fuzz_gguf.py): its GGUF codec round-trips, the inputs that once
-crashed or hung the runtime (tests/data/fuzz/) now give clean errors everywhere, and a short
-campaign finds no crash, hang or unclean result. CI runs the 300-iteration campaign
-(scripts/test.sh); README "Fuzzing" has the long one."""
+"""The fuzz harness (scripts/fuzz_gguf.py): its mutants (metadata, tensor data, truncation) of
+both bases (spec random-clover, clover-tiny with its tokenizer and template), the inputs that
+once crashed or hung the runtime (tests/data/fuzz/) giving clean errors everywhere, its output
+comparison with the unmutated file (a run that differs without a reason is a finding), and a
+short campaign with no finding. CI runs the bounded campaign (scripts/test.sh); README
+"Fuzzing" has the long one."""
 
 import importlib.util
 import random
 import sys
 
-from testdata import REPO, VECTORS
+import pytest
+from testdata import REPO
 
 from clover_gguf.gguf_io import codec
 
@@ -15,26 +18,74 @@ _spec = importlib.util.spec_from_file_location("fuzz_gguf", REPO / "scripts" / "
 F = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(F)
 
-HINT = "(does the runtime include patches/0007? `clover-gguf runtime build` rebuilds it)"
+HINT = "(does the runtime include patches/0007, 0010, 0011? `clover-gguf runtime build` rebuilds it)"
 
 
-def test_codec_round_trips_and_mutates(tmp_path):
-    from clover_gguf.convert.converter import convert
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bases")
+    return {k: F.load_base(k, p) for k, p in F.base_files(d).items()}
 
-    p = tmp_path / "b.gguf"
-    convert(VECTORS / "random-clover", p, progress=False)
-    raw = p.read_bytes()
-    g = codec.parse(raw)
-    data, meta_len = codec.serialize(g)
-    assert data == raw and meta_len < len(raw)
+
+@pytest.fixture(scope="module")
+def harness(bases, tmp_path_factory):
+    """The CLI, a Python worker, and both bases' unmutated outputs."""
+    cli, py = F.find_cli(), F.PythonWorker()
+    for b in bases.values():
+        F._expected(b, cli, py, 60)
+    yield cli, py, tmp_path_factory.mktemp("run")
+    py.close()
+
+
+def test_codec_round_trips_and_mutates(bases):
+    for b in bases.values():
+        assert codec.serialize(b.g)[0] == b.raw and b.meta_len < len(b.raw)
+        assert b.unread, "the base has no general.name/clover_gguf.* values to aim at"
     rng = random.Random(0)
-    kinds, changed = set(), 0
-    for _ in range(200):
-        m, what = F.mutant(rng, g, raw, meta_len)
+    kinds, changed, same = set(), 0, 0
+    for i in range(300):
+        b = bases["tiny" if i % 3 == 0 else "spec"]
+        m, what, s = F.mutant(rng, b)
         kinds.add(what.split(":")[0].split(" ")[0])
-        changed += m != raw
-    assert changed > 180  # a few structured changes happen to write the same value
-    assert {"kv", "tensor", "header"} <= kinds and any(k.isdigit() for k in kinds)
+        changed += m != b.raw
+        same += s
+    assert changed > 270  # a few structured changes happen to write the same value
+    assert {"kv", "tensor", "header", "data", "truncate"} <= kinds and any(k.isdigit() for k in kinds)
+    assert same > 5  # some mutants touch only what generation never reads
+
+
+def _with_tensor(b, name: bytes, fill: bytes):
+    g = F._copy(b.g)
+    ti, old = codec.tensor_data(g, name)
+    codec.set_tensor_data(g, name, (fill * (len(old) // len(fill) + 1))[: len(old)])
+    return codec.serialize(g)[0]
+
+
+@pytest.mark.parametrize("fill,want", [(b"\x00\x7e", "clean"), (b"\x7f\x7f", "clean"), (b"\x00\x00", "changed")])
+def test_data_mutations_are_refused_or_change_the_output(bases, harness, fill, want):
+    """NaN or a huge finite value in all of tiny's output.weight (BF16) is refused by both
+    generation targets (non-finite logits); zeros run and give other tokens, for a reason."""
+    cli, py, tmp = harness
+    tally = F.Tally()
+    data = _with_tensor(bases["tiny"], b"output.weight", fill)
+    bad = F.check_one(data, "output.weight", cli, py, tally, None, 60, tmp, bases["tiny"], same=False)
+    assert bad == [], f"{HINT}: {bad}"
+    assert tally.counts["cli"] == {want: 1} and tally.counts["runtime"] == {want: 1}, tally.counts
+
+
+def test_unread_keys_change_nothing_and_a_difference_is_a_finding(bases, harness):
+    """A new general.name must give the base's output (ok); the same output check flags a
+    mutant that changed the tokens while claiming to touch nothing generation reads."""
+    cli, py, tmp = harness
+    b = bases["tiny"]
+    g = F._copy(b.g)
+    next(kv for kv in g.kvs if kv.key == b"general.name").value = b"another name"
+    tally = F.Tally()
+    assert F.check_one(codec.serialize(g)[0], "rename", cli, py, tally, None, 60, tmp, b, same=True) == []
+    assert tally.counts["cli"] == {"ok": 1} and tally.counts["runtime"] == {"ok": 1}
+    data = _with_tensor(b, b"output.weight", b"\x00\x00")
+    bad = F.check_one(data, "a claim of no change", cli, py, F.Tally(), None, 60, tmp, b, same=True)
+    assert {(t, o) for t, o, _ in bad} == {("cli", "differs"), ("runtime", "differs")}
 
 
 def test_kept_inputs_replay_clean():
@@ -49,5 +100,5 @@ def test_short_campaign(tmp_path):
     tally = F.campaign(40, seed=12345, keep=tmp_path / "kept", timeout=60, log=lambda *a: None)
     assert tally.bad == 0, f"{HINT}: {tally.counts} {tally.findings}"
     # the mutants reach every target, and the Python side agrees with llama-clover-cli
-    assert tally.counts["cli"] == tally.counts["runtime"], tally.counts
-    assert tally.counts["cli"].get("clean", 0) > 10 and tally.counts["cli"].get("ok", 0) > 0
+    cli, rt = tally.counts["cli"], tally.counts["runtime"]
+    assert cli.get("clean", 0) == rt.get("clean", 0) > 10 and cli.get("ok", 0) + cli.get("changed", 0) > 0
