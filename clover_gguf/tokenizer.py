@@ -303,7 +303,13 @@ def render_chat_template(template: str, **ctx) -> str:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(**ctx)
+    try:
+        return env.from_string(template).render(**ctx)
+    except TokenizerError:
+        raise
+    except Exception as e:  # a broken template (syntax, undefined names, a bad filter call): its fault
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        raise TokenizerError(f"the chat template does not render ({why})") from None
 
 
 class CloverTokenizer:

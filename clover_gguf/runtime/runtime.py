@@ -211,7 +211,7 @@ class CloverRuntime:
     ) -> str:
         """Render the GGUF's chat template (tokenizer.chat_template) with jinja2, the same
         renderer as clover_gguf.tokenizer."""
-        from ..tokenizer import render_chat_template
+        from ..tokenizer import TokenizerError, render_chat_template
 
         tpl = self.chat_template
         if not tpl:
@@ -223,15 +223,18 @@ class CloverRuntime:
                 return None
             return self.detokenize([i], unparse_special=True)
 
-        return render_chat_template(
-            tpl,
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            enable_thinking=enable_thinking,
-            bos_token=tok_text(lc.llama_vocab_bos(self.vocab)),
-            eos_token=tok_text(lc.llama_vocab_eos(self.vocab)),
-            **kwargs,
-        )
+        try:
+            return render_chat_template(
+                tpl,
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                enable_thinking=enable_thinking,
+                bos_token=tok_text(lc.llama_vocab_bos(self.vocab)),
+                eos_token=tok_text(lc.llama_vocab_eos(self.vocab)),
+                **kwargs,
+            )
+        except TokenizerError as e:  # the GGUF's template is broken, or refuses these messages
+            raise RuntimeError_(f"{self.path}: tokenizer.chat_template: {e}") from None
 
     # ---------------------------------------------------------------- memory / blocks
     def diagnose_nonfinite(self, commits: list[tuple[list[int], int]], block: list[int]) -> str:

@@ -102,3 +102,23 @@ def test_short_campaign(tmp_path):
     # the mutants reach every target, and the Python side agrees with llama-clover-cli
     cli, rt = tally.counts["cli"], tally.counts["runtime"]
     assert cli.get("clean", 0) == rt.get("clean", 0) > 10 and cli.get("ok", 0) + cli.get("changed", 0) > 0
+
+
+def test_a_broken_chat_template_is_one_line(bases, tmp_path):
+    """Found by the tiny base's first campaign: a byte flip in tokenizer.chat_template made
+    CloverRuntime.chat_prompt raise jinja2's TemplateSyntaxError (a traceback in `run --chat`)."""
+    from click.testing import CliRunner
+
+    from clover_gguf.cli import cli
+    from clover_gguf.runtime.runtime import CloverRuntime, RuntimeError_
+
+    g = F._copy(bases["tiny"].g)
+    next(kv for kv in g.kvs if kv.key == b"tokenizer.chat_template").value = b"{% if messages %}{{ & }}"
+    p = tmp_path / "t.gguf"
+    p.write_bytes(codec.serialize(g)[0])
+    rt = CloverRuntime(p, n_threads=1)
+    with pytest.raises(RuntimeError_, match="tokenizer.chat_template: the chat template does not render"):
+        rt.chat_prompt([{"role": "user", "content": "hi"}])
+    rt.close()
+    res = CliRunner().invoke(cli, ["run", str(p), "--chat", "-p", "hi", "-n", "4", "-t", "1"])
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1 and "TemplateSyntaxError" in res.stderr, res.stderr
