@@ -180,6 +180,8 @@ def run_cmd(
 
     if prompt is None and prompt_ids is None:
         raise click.UsageError("give -p/--prompt or --prompt-ids")
+    if prompt is not None and prompt_ids is not None:  # the ids used to win silently
+        raise click.UsageError("give -p/--prompt or --prompt-ids, not both")
     if debug:
         os.environ["CLOVER_GGUF_VERBOSE"] = "1"
     from .config import ConfigError

@@ -136,7 +136,8 @@ def run(
         )
         check_request(prompt, None, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
         text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt
-        ids = list(prompt_ids) if prompt_ids is not None else rt.tokenize(text)
+        # add_special: BOS/EOS as the GGUF's add_bos_token/add_eos_token say (llama-clover-cli's rule)
+        ids = list(prompt_ids) if prompt_ids is not None else rt.tokenize(text, add_special=True)
         check_request(None, ids, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
         cfg = GenerationConfig(
             block_size=block_size or rt.default_block_size,
@@ -168,6 +169,10 @@ def run(
     else:
         text = tok.apply_chat_template(_messages(prompt, system), enable_thinking=think) if chat else prompt
         ids = tok.encode(text)
+        if tok.config.get("add_bos_token") is True and tok.bos_id is not None:  # as the GGUF path
+            ids = [tok.bos_id, *ids]
+        if tok.config.get("add_eos_token") is True and tok.eos_id is not None:
+            ids = [*ids, tok.eos_id]
     check_request(None, ids, c.vocab_size, n_ctx, max_new_tokens, block_size or c.block_size)
     cfg = GenerationConfig(
         block_size=block_size or c.block_size, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id, **sampling

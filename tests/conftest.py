@@ -46,6 +46,7 @@ RUNTIME_TESTS = (
     "tests/test_cli_errors.py::test_run_inputs[gguf-",
     "tests/test_cli_errors.py::test_run_missing_gguf_and_folder",
     "tests/test_options.py::test_block_size_1024_runs_on_a_gguf",
+    "tests/test_options.py::test_run_adds_bos_as_the_gguf_says_like_llama_clover_cli",
     "tests/test_nonfinite.py::test_gguf_run_stops_naming_the_tensor",
     "tests/test_nonfinite.py::test_runtime_python_loop_and_batch",
     "tests/test_nonfinite.py::test_healthy_model_debug_pass_finds_nothing",

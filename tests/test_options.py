@@ -169,3 +169,59 @@ def test_block_size_1024_runs_on_a_gguf(tmp_path):
     assert res.exit_code == 0, res.stderr
     q = json.loads((tmp_path / "q" / "quality.json").read_text())
     assert q["config"]["block_size"] == 1024 and q["models"][0]["providers"]["runtime"]
+
+
+def test_prompt_and_prompt_ids_together_are_refused(tiny_gguf):
+    """Issue 26 judgement call: `-p` with `--prompt-ids` used the ids silently."""
+    _one_line(_run("run", tiny_gguf, "-p", "hi", "--prompt-ids", "1"), "give -p/--prompt or --prompt-ids, not both")
+
+
+def test_serve_port_in_use_is_one_line_before_the_model_loads(tiny_gguf):
+    """uvicorn's own failure (port in use) printed several lines after the load."""
+    import socket
+    import time
+
+    pytest.importorskip("uvicorn")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        t0 = time.time()
+        res = CliRunner().invoke(cli, ["serve", str(tiny_gguf), "--port", str(port)])
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1, res.stderr
+    assert f"--host 127.0.0.1 --port {port}: Address already in use" in res.stderr and time.time() - t0 < 10
+    res = CliRunner().invoke(cli, ["serve", str(tiny_gguf), "--host", "no-such-host.invalid"])
+    assert res.exit_code == 1 and res.stderr.startswith("Error: --host no-such-host.invalid: "), res.stderr
+
+
+def test_run_adds_bos_as_the_gguf_says_like_llama_clover_cli(tmp_path):
+    """Issue 26 judgement call: a GGUF with add_bos_token = 2 (a bool byte llama.cpp reads as
+    true) made llama-clover-cli prepend BOS and `run` not. `run` now tokenizes as the CLI does
+    (llama_tokenize with add_special), so both give the same tokens."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from clover_gguf.convert.converter import convert
+    from clover_gguf.gguf_io import codec
+    from clover_gguf.runtime.build import runtime_paths
+
+    g = tmp_path / "tiny.gguf"
+    convert(TINY, g, progress=False)
+    gg = codec.parse(g.read_bytes())
+    kv = next(kv for kv in gg.kvs if kv.key == b"tokenizer.ggml.add_bos_token")
+    kv.value = 2
+    g.write_bytes(codec.serialize(gg)[0])
+    res = _run("run", g, "-p", "import os", "-n", "16", "-t", "1", "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["prompt_ids"][0] == 0  # clover-tiny's BOS (<|endoftext|>, id 0)
+    cli_bin = Path(runtime_paths()["bin_dir"]) / "llama-clover-cli"
+    r = subprocess.run(
+        [str(cli_bin), "-m", str(g), "-p", "import os", "-n", "16", "-t", "1", "--print-ids"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "ids: " + " ".join(map(str, out["token_ids"])) in r.stdout, (r.stdout, out["token_ids"])

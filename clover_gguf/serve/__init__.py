@@ -15,6 +15,23 @@ from pathlib import Path
 SERVER_EXTRA_HINT = "clover-gguf serve needs the server extra: pip install 'clover-gguf[server]'"
 
 
+def check_listen(host: str, port: int) -> None:
+    """Bind (host, port) once before the model loads, so that a port in use or an unknown host
+    is one line, not uvicorn's several after a long load (uvicorn binds with SO_REUSEADDR too)."""
+    import socket
+
+    try:
+        fam, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(f"--host {host}: {getattr(e, 'strerror', None) or e}") from None
+    with socket.socket(fam, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise ValueError(f"--host {host} --port {port}: {e.strerror or e}") from None
+
+
 def serve(
     model: str | Path,
     host: str = "127.0.0.1",
@@ -76,6 +93,7 @@ def serve(
         raise ValueError("--alias: must not be empty")
     if api_key is not None and not api_key.strip():  # an empty key would turn authentication off
         raise ValueError("--api-key: empty; give a key, or leave the option out to serve without one")
+    check_listen(host, port)
     import torch
 
     # the generation loop's tensors are one block of logits: extra torch threads only contend
