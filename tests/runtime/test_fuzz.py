@@ -99,9 +99,10 @@ def test_kept_inputs_replay_clean():
 def test_short_campaign(tmp_path):
     tally = F.campaign(40, seed=12345, keep=tmp_path / "kept", timeout=60, log=lambda *a: None)
     assert tally.bad == 0, f"{HINT}: {tally.counts} {tally.findings}"
-    # the mutants reach every target, and the Python side agrees with llama-clover-cli
+    # the mutants reach every target; the Python side refuses what llama-clover-cli refuses (and
+    # may refuse more: on tiny it also renders the chat template, which the CLI does not)
     cli, rt = tally.counts["cli"], tally.counts["runtime"]
-    assert cli.get("clean", 0) == rt.get("clean", 0) > 10 and cli.get("ok", 0) + cli.get("changed", 0) > 0
+    assert rt.get("clean", 0) >= cli.get("clean", 0) > 10 and cli.get("ok", 0) + cli.get("changed", 0) > 0
 
 
 def test_a_broken_chat_template_is_one_line(bases, tmp_path):
