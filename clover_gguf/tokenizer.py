@@ -20,6 +20,7 @@ tokens and a thinking-mode chat template):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -293,7 +294,8 @@ class GGUFVocab:
     extra: dict = field(default_factory=dict)
 
 
-def render_chat_template(template: str, **ctx) -> str:
+@functools.lru_cache(maxsize=8)
+def _compiled_template(template: str):
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -303,8 +305,13 @@ def render_chat_template(template: str, **ctx) -> str:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
     env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
+
+
+def render_chat_template(template: str, **ctx) -> str:
+    # compiled once per template: rendering training transcripts calls this tens of thousands of times
     try:
-        return env.from_string(template).render(**ctx)
+        return _compiled_template(template).render(**ctx)
     except TokenizerError:
         raise
     except Exception as e:  # a broken template (syntax, undefined names, a bad filter call): its fault

@@ -14,6 +14,10 @@ evaluate it on the held-out modules. The logic lives in clover_gguf/train/ (trai
                                                   # warm restart from the saved model (new optimizer state)
     python scripts/train_clover_tiny.py --resume models/clover-tiny --docstrings summary --time-budget-min 365
                                                   # ... trained on with docstrings cut to their first paragraph
+    python scripts/train_clover_tiny.py --init-from models/clover-tiny --out models/clover-tiny-v3-wip \
+        --chat-ratio 0.35 --chat-seq-tokens 1280 --export-every-min 60 --time-budget-min 330
+                                                  # a new run from a model's weights, with chat transcripts
+                                                  # (train/transcripts.py) mixed in, exported every hour
 """
 
 from __future__ import annotations
@@ -90,6 +94,26 @@ def parse_args(argv=None):
         help="train on the files as they are, or with docstrings cut to their first paragraph "
         "(data.summary_docstrings); evaluation always uses the files as they are",
     )
+    ap.add_argument(
+        "--init-from",
+        default=None,
+        help="a model folder whose weights (and tokenizer) start a new run: step 0, this run's own schedule",
+    )
+    ap.add_argument(
+        "--chat-ratio",
+        type=float,
+        default=0.0,
+        help="share of the batches drawn from chat transcripts (train/transcripts.py, train split)",
+    )
+    ap.add_argument("--chat-seq-tokens", type=int, default=1280, help="tokens per chat window, about")
+    ap.add_argument("--chat-transcripts", type=int, default=20000, help="number of training transcripts")
+    ap.add_argument("--chat-seed", type=int, default=0, help="seed of the training transcripts")
+    ap.add_argument(
+        "--export-every-min",
+        type=float,
+        default=0.0,
+        help="write the model (weights, config, tokenizer, train_log.json) to --out this often (0: at the end only)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (untested there)")
     ap.add_argument("--layers", type=int, default=None)
@@ -152,6 +176,9 @@ def train_config(a) -> T.TrainConfig:
         ckpt_dir=a.ckpt_dir,
         out_dir=a.out,
         eval_tokens=a.eval_tokens,
+        chat_ratio=a.chat_ratio,
+        chat_seq_tokens=a.chat_seq_tokens,
+        export_every_min=a.export_every_min,
     )
 
 
@@ -197,10 +224,18 @@ def stopper(a):
     return lambda step: bool(signalled) or (t_end is not None and time.time() > t_end)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def tokenizer_dir(a) -> Path:
+    """Where the tokenizer comes from: --init-from's folder for a new run from it, else --out."""
+    return Path(a.init_from) if a.init_from and not a.resume else Path(a.out)
+
+
 def load_data(a, c):
     from clover_gguf.tokenizer import CloverTokenizer
 
-    tok = CloverTokenizer.from_dir(a.out)
+    tok = CloverTokenizer.from_dir(tokenizer_dir(a))
     if tok.vocab_size != c.vocab_size:
         raise SystemExit(f"tokenizer has {tok.vocab_size} tokens, config vocab_size is {c.vocab_size}")
     ids = {
@@ -227,6 +262,55 @@ def load_data(a, c):
         "stream_tokens": int(stream_ids.size),
     }
     return tok, train_ids, stream_ids, held_ids, info
+
+
+def load_chat(a, tok, info: dict):
+    """The training transcripts' stream (ids, starts) as tensors, or None without --chat-ratio."""
+    if not a.chat_ratio:
+        return None
+    from clover_gguf.train import transcripts
+
+    t0 = time.time()
+    ids, starts = transcripts.transcript_tokens(tok, "train", a.chat_seed, a.chat_transcripts, a.cache_dir)
+    lengths = np.diff(np.append(starts, ids.size))
+    info["chat"] = {
+        "generator": transcripts.GENERATOR_VERSION,
+        "seed": a.chat_seed,
+        "transcripts": int(starts.size),
+        "tokens": int(ids.size),
+        "tokens_per_transcript": {
+            "mean": round(float(lengths.mean()), 1),
+            **{f"p{q}": int(np.percentile(lengths, q)) for q in (10, 50, 90, 95)},
+            "max": int(lengths.max()),
+        },
+        "ratio": a.chat_ratio,
+        "seq_tokens": a.chat_seq_tokens,
+    }
+    log_print(f"chat: {info['chat']} ({time.time() - t0:.0f} s)")
+    return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(starts.astype(np.int64))
+
+
+def exporter(a, info: dict):
+    """export(model, log) for T.train: the model folder --out as it stands (weights, config,
+    tokenizer, train_log.json, loss.png), each file replaced whole."""
+    import shutil
+
+    out, src = Path(a.out), tokenizer_dir(a)
+
+    def export(model, log) -> Path:
+        T.save_hf(model, out)
+        for name in TOKENIZER_FILES:
+            if (src / name).resolve() != (out / name).resolve():
+                shutil.copyfile(src / name, out / f"{name}.tmp")
+                os.replace(out / f"{name}.tmp", out / name)
+        full = {**log, "data": info}
+        tmp = out / "train_log.json.tmp"
+        tmp.write_text(json.dumps(compact_log(full), separators=(",", ":")) + "\n")
+        os.replace(tmp, out / "train_log.json")
+        plot_loss(full, out / "loss.png")
+        return out
+
+    return export
 
 
 def plot_loss(log: dict, path: Path) -> None:
@@ -565,7 +649,11 @@ def main(argv=None) -> int:
         stream = torch.from_numpy(stream_ids.astype(np.int64))
         if a.resume and not (Path(a.resume).is_file() or (Path(a.resume) / "train_log.json").is_file()):
             raise SystemExit(f"--resume {a.resume}: neither a checkpoint nor a model folder with train_log.json")
+        if a.init_from and not (Path(a.init_from) / "model.safetensors").is_file():
+            raise SystemExit(f"--init-from {a.init_from}: no model.safetensors there")
         command = "python scripts/train_clover_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        chat = load_chat(a, tok, info)
+        export = exporter(a, info)
         try:
             log = T.train(
                 model,
@@ -576,12 +664,15 @@ def main(argv=None) -> int:
                 resume=a.resume,
                 should_stop=stopper(a),
                 command=command,
+                chat=chat,
+                init_from=a.init_from,
+                export=export,
             )
         except ValueError as e:  # a checkpoint of another shape
             raise SystemExit(str(e)) from None
         if not log["finished"]:
             return 0
-        T.save_hf(model, out)
+        export(model, log)
         log["data"] = info
         log["command"] = command
         log_path.write_text(json.dumps(compact_log(log), separators=(",", ":")) + "\n")

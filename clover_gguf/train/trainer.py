@@ -163,8 +163,11 @@ def sample_batch(
     pad_id: int,
     eps: float = 1e-3,
     random_offset: bool = True,
+    start_points: torch.Tensor | None = None,
 ) -> Batch:
-    """N windows of the stream, each r + (n_blocks-1)B tokens, r ~ U{1..B} per sequence."""
+    """N windows of the stream, each r + (n_blocks-1)B tokens, r ~ U{1..B} per sequence. With
+    `start_points` (sorted positions, e.g. where each chat transcript begins) every window starts
+    at one of them, else anywhere."""
     if random_offset:
         r = torch.randint(1, B + 1, (n_seq,), generator=gen)
     else:
@@ -172,7 +175,13 @@ def sample_batch(
     need = int(r.max()) + (n_blocks - 1) * B
     if stream.shape[0] < need + 1:
         raise ValueError(f"token stream of {stream.shape[0]} tokens is shorter than a window ({need})")
-    starts = torch.randint(0, stream.shape[0] - need, (n_seq,), generator=gen)
+    if start_points is None:
+        starts = torch.randint(0, stream.shape[0] - need, (n_seq,), generator=gen)
+    else:
+        n_ok = int(torch.searchsorted(start_points, stream.shape[0] - need))  # windows that fit
+        if n_ok == 0:
+            raise ValueError(f"no start point leaves a window of {need} tokens in a stream of {stream.shape[0]}")
+        starts = start_points[torch.randint(0, n_ok, (n_seq,), generator=gen)]
     clean, pos, valid = layout_windows(stream, starts, r, n_blocks, B, pad_id)
     t = sample_t((n_seq, n_blocks), eps, gen)
     noisy, masked = apply_noise(clean, valid, t, mask_id, gen)
@@ -326,6 +335,9 @@ class TrainConfig:
     ckpt_dir: str = "out/clover-tiny-train"
     out_dir: str = "models/clover-tiny"
     eval_tokens: int = 16384  # held-out tokens for the periodic eval
+    chat_ratio: float = 0.0  # fraction of batches drawn from the chat transcripts (train(chat=...))
+    chat_seq_tokens: int = 1280  # tokens per chat window, about (each starts where a transcript does)
+    export_every_min: float = 0.0  # call train(export=...) this often (0: never)
     extra: dict = field(default_factory=dict)
 
 
@@ -361,9 +373,10 @@ def choose_block(gen: torch.Generator, tc: TrainConfig) -> int:
     return int(tc.block_sizes[int(torch.multinomial(p, 1, generator=gen))])
 
 
-def batch_shape(B: int, tc: TrainConfig) -> tuple[int, int]:
-    """(n_seq, n_blocks) for block size B: windows of ~seq_tokens, ~tokens_per_batch tokens."""
-    n_blocks = max(2, round(tc.seq_tokens / B)) + 1
+def batch_shape(B: int, tc: TrainConfig, seq_tokens: int | None = None) -> tuple[int, int]:
+    """(n_seq, n_blocks) for block size B: windows of ~seq_tokens (default tc.seq_tokens),
+    ~tokens_per_batch tokens."""
+    n_blocks = max(2, round((seq_tokens or tc.seq_tokens) / B)) + 1
     per_seq = (n_blocks - 1) * B + (B + 1) / 2
     n_seq = max(1, round(tc.tokens_per_batch / per_seq))
     return n_seq, n_blocks
@@ -440,6 +453,19 @@ def _atomic_torch_save(obj, path: Path):
         torch.save(obj, f)
 
 
+def load_init(init_from: str | Path, c: CloverConfig, load_weights) -> dict:
+    """Load a model folder's weights for a new run (train(init_from=...)); returns what the
+    run's log records of its parent."""
+    src = Path(init_from)
+    parent = CloverModel.from_pretrained(src)
+    if parent.config.to_dict() != c.to_dict():
+        raise ValueError(f"{src}: model of another shape ({parent.config.to_dict()})")
+    load_weights(parent.state_dict())
+    plog = json.loads((src / "train_log.json").read_text()) if (src / "train_log.json").is_file() else {}
+    keep = ("step", "tokens", "elapsed_s", "runs", "model_config", "train_config", "final", "data")
+    return {"path": str(src), **{k: plog.get(k) for k in keep}, "tokens": plog.get("tokens", 0)}
+
+
 def train(
     model: CloverModel,
     stream: torch.Tensor,
@@ -449,6 +475,9 @@ def train(
     resume: str | Path | None = None,
     should_stop=None,
     command: str | None = None,
+    chat: tuple[torch.Tensor, torch.Tensor] | None = None,
+    init_from: str | Path | None = None,
+    export=None,
 ) -> dict:
     """Train `model` (float32 on entry and on return) in place on the token stream.
     Checkpoints (fp32 weights, optimizer, RNG, log) go to {ckpt_dir}/ckpt-last.pt every
@@ -456,7 +485,13 @@ def train(
     ends this run early with a checkpoint (log["finished"] false): `resume` continues it,
     batches and schedule exactly as one uninterrupted run. `resume` may also be a saved model
     folder: a warm restart (same weights and log, fresh optimizer and batches). log["runs"]
-    records where each part started and with what `command`. Returns the log dict."""
+    records where each part started and with what `command`.
+
+    `chat` = (ids, starts): a second stream (chat transcripts, each beginning at a position of
+    `starts`); a tc.chat_ratio share of the batches are windows of ~tc.chat_seq_tokens of it,
+    each starting where a transcript does. `init_from`: a model folder whose weights start a
+    new run (step 0, its own schedule; log["init_from"] records the parent). `export(model,
+    log)` is called every tc.export_every_min minutes. Returns the log dict."""
     torch.set_num_threads(tc.threads)
     c = model.config
     model.to(tc.device).train()
@@ -488,6 +523,9 @@ def train(
             model.load_state_dict(sd)
 
     warm = bool(resume) and Path(resume).is_dir()
+    if init_from and not resume:
+        log["init_from"] = load_init(init_from, c, load_weights)
+        log_fn(f"new run from the weights of {init_from} ({log['init_from']['tokens']:,} tokens trained there)")
     if warm:
         # A released model folder (model.safetensors + train_log.json), for when the checkpoint
         # is gone: its weights and log; the optimizer moments restart at zero, so the LR warms up again.
@@ -517,7 +555,8 @@ def train(
         {"step": step, "tokens": tokens, "elapsed_s": round(elapsed0, 1), "command": command, "warm_restart": warm}
     )
     t_start = time.time()
-    last_ckpt = last_eval = time.time()
+    last_ckpt = last_eval = last_export = time.time()
+    chat_ids, chat_starts = chat if chat is not None else (None, None)
     win_tok, win_t = 0, 0.0
     budget_s = tc.time_budget_min * 60 if tc.time_budget_min else None
 
@@ -545,9 +584,18 @@ def train(
             break
         lr = lr_at(step, progress, tc, warm_start)
         B = choose_block(gen, tc)
-        n_seq, nb = batch_shape(B, tc)
+        # (a run without chat draws no extra random number: its batches stay as before)
+        is_chat = chat is not None and tc.chat_ratio > 0 and float(torch.rand(1, generator=gen)) < tc.chat_ratio
         t0 = time.time()
-        batch = sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps).to(tc.device)
+        if is_chat:
+            n_seq, nb = batch_shape(B, tc, tc.chat_seq_tokens)
+            batch = sample_batch(
+                chat_ids, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps, start_points=chat_starts
+            )
+        else:
+            n_seq, nb = batch_shape(B, tc)
+            batch = sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
+        batch = batch.to(tc.device)
         st = train_step(model, opt, batch, tc, lr, master)
         win_t += time.time() - t0
         if not math.isfinite(st["loss"]):
@@ -565,6 +613,8 @@ def train(
             "B": B,
             "grad_norm": round(st["grad_norm"], 3),
         }
+        if chat is not None:
+            rec["chat"] = int(is_chat)
         log["steps"].append(rec)
         log["step"], log["tokens"] = step, tokens
         if step % tc.log_every == 0:
@@ -587,6 +637,10 @@ def train(
             save_ckpt()
             log_fn(f"checkpoint step {step} -> {ckpt_dir}")
             last_ckpt = time.time()
+        if export is not None and tc.export_every_min and time.time() - last_export > tc.export_every_min * 60:
+            log["elapsed_s"] = elapsed0 + time.time() - t_start
+            log_fn(f"exported step {step} -> {export(model, log)}")
+            last_export = time.time()
     save_ckpt()
     uncompile_model(model)
     if master is not None:  # hand back a float32 model holding the master weights
