@@ -260,3 +260,56 @@ def test_evaluate_heldout_unigram_on_the_same_tokens():
     padded[:203] = ids
     want = -float(torch.as_tensor(logp, dtype=torch.float64)[padded.view(1, 64, 4)[masked]].mean())
     assert ev["unigram_bits_per_token"] == pytest.approx(want, rel=1e-12)
+
+
+def test_windows_start_at_the_given_start_points():
+    stream = torch.arange(1000)
+    points = torch.tensor([0, 100, 250, 400, 990])
+    g = torch.Generator().manual_seed(0)
+    b = T.sample_batch(stream, 64, 4, 5, g, mask_id=1, pad_id=0, start_points=points)
+    first = b.clean[:, 0, 0]  # block 0 holds the window's first r tokens
+    assert set(first.tolist()) <= {0, 100, 250, 400}  # 990 leaves no room for a window
+    assert len(set(first.tolist())) > 1
+    # every window is contiguous from its start point
+    assert torch.equal(b.clean[:, 1, 0] - first, b.valid[:, 0].sum(-1))
+    with pytest.raises(ValueError, match="no start point"):
+        T.sample_batch(stream, 2, 4, 5, g, 1, 0, start_points=torch.tensor([995]))
+
+
+def test_new_run_from_a_model_folder_with_chat_and_exports(tmp_path):
+    """init_from starts a run at step 0 from a folder's weights (the parent recorded in the log);
+    a chat_ratio share of the batches come from the chat stream; export runs on its clock."""
+    c = tiny_config()
+    stream = torch.randint(2, 64, (3000,))
+    parent = T.new_model(c, 3)
+    plog = T.train(parent, stream, small_tc(max_steps=2, ckpt_dir=str(tmp_path / "p")), log_fn=lambda s: None)
+    T.save_hf(parent, tmp_path / "parent")
+    (tmp_path / "parent" / "train_log.json").write_text(json.dumps(plog))
+    saved = CloverModel.from_pretrained(tmp_path / "parent").state_dict()
+
+    chat_ids = torch.randint(2, 64, (2000,))
+    chat = (chat_ids, torch.arange(0, 2000, 50))
+    tc = small_tc(max_steps=12, chat_ratio=0.5, chat_seq_tokens=16, export_every_min=1e-9, ckpt_dir=str(tmp_path / "c"))
+    m = T.new_model(c, 9)
+    log = T.train(m, stream, tc, log_fn=lambda s: None, init_from=tmp_path / "parent", should_stop=lambda s: s >= 0)
+    assert log["step"] == 0 and log["init_from"]["step"] == 2 and log["init_from"]["path"] == str(tmp_path / "parent")
+    for n, w in m.state_dict().items():
+        assert torch.equal(w, saved[n]), n
+
+    exports = []
+    m = T.new_model(c, 9)
+    log = T.train(
+        m,
+        stream,
+        tc,
+        log_fn=lambda s: None,
+        chat=chat,
+        init_from=tmp_path / "parent",
+        export=lambda *a: exports.append(1),
+    )
+    kinds = [r["chat"] for r in log["steps"]]
+    assert log["step"] == 12 and 0 < sum(kinds) < 12
+    assert len(exports) == 12
+    other = T.new_model(tiny_config(hidden_size=64), 0)
+    with pytest.raises(ValueError, match="another shape"):
+        T.train(other, stream, tc, log_fn=lambda s: None, init_from=tmp_path / "parent")
