@@ -542,6 +542,80 @@ def baseline_cmd(
         click.echo(f"stage {stage} done ({work_dir})")
 
 
+@eval_group.command("tools")
+@click.option(
+    "--reference",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="The BF16 model dir (safetensors + config.json + tokenizer): the free-decoding baseline.",
+)
+@click.argument("ggufs", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--heldout",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Held-out transcripts (JSONL, tools.json beside it) [evaldata/tools/heldout.jsonl].",
+)
+@click.option("--limit", type=POS, default=None, help="Only the first N transcripts.")
+@click.option(
+    "--modes",
+    default="free,constrained",
+    show_default=True,
+    help="Decoding of the GGUFs: free, constrained (the server's tool_choice auto grammar), or both.",
+)
+@click.option("--max-new-tokens", default=160, show_default=True, type=click.IntRange(1, 1 << 20))
+@click.option("--block-size", type=BLOCK, default=None, help="Block size (default: the model's).")
+@click.option("--steps", type=BLOCK, default=None, help="steps schedule (default: the threshold schedule).")
+@click.option("--threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT, callback=_finite)
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0, 100.0), callback=_finite)
+@click.option("--repeats", default=1, show_default=True, type=POS, help="Seeds per turn (needs --temperature > 0).")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1))
+@click.option(
+    "--stability-turns",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Formatting stability inside a block on this many call turns (0: skip).",
+)
+@click.option("--threads", type=THREADS, default=None)
+@click.option("--name", "names", multiple=True, help="Display name per GGUF, in order.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/tools", show_default=True)
+@one_line_errors
+def tools_cmd(reference, ggufs, heldout, limit, modes, max_new_tokens, block_size, steps, threshold, temperature,
+              repeats, seed, stability_turns, threads, names, out_dir):  # fmt: skip
+    """Tool calls on held-out chat transcripts: call rate, right names, JSON and schema validity,
+    exact arguments against BF16, calls where none is expected, tokens per step in calls vs prose,
+    free and constrained, and formatting stability inside a block.
+
+    \b
+    clover-gguf eval tools --reference models/clover-tiny out/tiny-q4_k.gguf out/tiny-q8_0.gguf
+    clover-gguf eval tools --reference models/clover-tiny a.gguf --limit 20 --modes free --stability-turns 5
+    clover-gguf eval tools --reference models/clover-tiny a.gguf --temperature 0.7 --repeats 5
+    """
+    import torch
+
+    from .tools import ToolsConfig, run_tools
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = ToolsConfig(
+        heldout=heldout,
+        limit=limit,
+        modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+        max_new_tokens=max_new_tokens,
+        block_size=block_size,
+        steps=steps,
+        threshold=threshold,
+        temperature=temperature,
+        repeats=repeats,
+        seed=seed,
+        stability_turns=stability_turns,
+        threads=threads,
+    )
+    run_tools(reference, list(ggufs), cfg, out_dir, names=list(names) or None, log=click.echo)
+    click.echo(f"wrote {Path(out_dir) / 'report.md'}")
+
+
 @eval_group.command("agent")
 @click.argument("model", required=False, type=InputPath(dir_okay=False))
 @click.option("--url", help="A running clover-gguf serve (default http://127.0.0.1:8080 when no MODEL is given).")

@@ -642,6 +642,10 @@ def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str
         from .agent import render_agent
 
         return render_agent(run, out)
+    if run.get("kind") == "tools":
+        from .tools_report import render_tools
+
+        return render_tools(run, out)
     if run.get("kind") == "passes":
         from .passes import render_passes
 

@@ -1,0 +1,471 @@
+"""`clover-gguf eval tools`: what quantization does to tool calls.
+
+The held-out chat transcripts (evaldata/tools/heldout.jsonl, written by
+clover_gguf.train.transcripts: held-out stdlib modules, tool combinations training never offered)
+are replayed turn by turn: every assistant turn's history is rendered with the model's chat
+template as the server renders the request (tools in the system turn; thinking on, or off for
+"nothink" transcripts), the model generates the turn, and the reply is read as the server reads it
+(reasoning split off, `<tool_call>` sections). Expected: the turn's calls in the transcript, or
+none.
+
+Decoding: the PyTorch reference on the BF16 model folder (free decoding only: it has no grammar
+sampler) and each GGUF through the llama.cpp runtime, free and constrained. Constrained = the
+server's `tool_choice: "auto"` (serve/tools.py:request_constraint): free text, and from the first
+`<tool_call>` on the tool-call grammar (a lazy grammar), so every call it starts matches a schema.
+
+Per file, provider and decoding mode (median and p10/p90 over --repeats, which need a temperature):
+- call rate: turns expecting a call where the reply has a `<tool_call>` section;
+- valid calls: expected calls answered by a section whose JSON parses and validates against the
+  named tool's schema (jsonschema), the named tool being offered (the issue's 80 % target);
+- name accuracy: expected calls answered with the right tool name (the 70 % target);
+- JSON validity and schema validity of the sections emitted;
+- exact arguments: against the transcript, and against the BF16 reference's call in the same turn;
+- calls where none is expected;
+- tokens per step of the schedule on blocks inside calls vs prose (and thinking) blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..reference.generate import GenerationConfig
+from ..tokenizer import END_TOOL_CALL, TOOL_CALL
+from .metrics import spread
+
+IM_END = "<|im_end|>"
+MODES = ("free", "constrained")
+BLOCK_CLASSES = ("call", "prose", "think")
+
+
+@dataclass
+class ToolsConfig:
+    heldout: str | None = None  # default evaldata/tools/heldout.jsonl
+    limit: int | None = None  # the first N transcripts
+    modes: tuple = MODES
+    max_new_tokens: int = 160
+    block_size: int | None = None  # default: the model's
+    steps: int | None = None
+    threshold: float = 0.9
+    temperature: float = 0.0
+    repeats: int = 1
+    seed: int = 0
+    stability_turns: int = 0  # formatting stability (eval/stability.py) on this many call turns
+    threads: int | None = None
+
+
+# ----------------------------------------------------------------------------- turns
+
+
+def load_turns(path=None, limit: int | None = None) -> tuple[list[dict], dict]:
+    """(turns, tool schemas): every assistant turn of the held-out transcripts, with its history,
+    offered tools, thinking mode and expected calls."""
+    from ..train.transcripts import HELDOUT_DIR, assistant_turns, expected_calls, load_heldout_set
+
+    p = Path(path) if path else HELDOUT_DIR / "heldout.jsonl"
+    if not p.is_file():
+        raise ValueError(f"{p}: no such held-out transcript file")
+    try:
+        rows, schemas = load_heldout_set(p)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{p}: not a held-out transcript set ({e})") from None
+    rows = rows[:limit] if limit else rows
+    turns = []
+    for t in rows:
+        missing = [n for n in t["tools"] if n not in schemas]
+        if missing:
+            raise ValueError(f"{p}: transcript {t['id']} offers {missing[0]!r}, which tools.json does not define")
+        for k in assistant_turns(t):
+            turns.append(
+                {
+                    "id": f"{t['id']}#{k}",
+                    "transcript": t,
+                    "k": k,
+                    "thinking": t["mode"] != "nothink",
+                    "tools": [schemas[n] for n in t["tools"]],
+                    "expected": expected_calls(t["messages"][k]),
+                }
+            )
+    return turns, schemas
+
+
+# ----------------------------------------------------------------------------- decoders
+
+
+class ReferenceDecoder:
+    """The PyTorch reference on a BF16 model folder, its tokenizer and chat template."""
+
+    name, grammar = "reference-bf16", False
+
+    def __init__(self, model_dir):
+        from ..tokenizer import CloverTokenizer
+        from .backends import load_reference
+
+        self.model = load_reference(model_dir)
+        self.tok = CloverTokenizer.from_dir(model_dir)
+        self.block_size = self.model.config.block_size
+        self.eos, self.mask = self.tok.eos_id, self.tok.mask_id
+
+    def prompt(self, turn: dict) -> list[int]:
+        from ..train.transcripts import render_prompt
+
+        schemas = {t["function"]["name"]: t for t in turn["tools"]}
+        return self.tok.encode(render_prompt(self.tok, turn["transcript"], turn["k"], schemas))
+
+    def backend(self):
+        from ..reference.generate import TorchBackend
+
+        return TorchBackend(self.model)
+
+    def generate(self, ids, cfg: GenerationConfig, on_block=None):
+        from ..reference.generate import generate
+
+        return generate(self.backend(), ids, cfg, on_block)
+
+    def text(self, ids) -> str:
+        return self.tok.decode(ids)
+
+    def token_id(self, s: str):
+        return self.tok.token_to_id(s)
+
+
+class RuntimeDecoder:
+    """A GGUF through the llama.cpp runtime, with the GGUF's own chat template."""
+
+    name, grammar = "runtime", True
+
+    def __init__(self, gguf, threads=None):
+        from .backends import open_runtime
+
+        self.rt = open_runtime(gguf, threads)
+        self.block_size = self.rt.default_block_size
+        self.eos, self.mask = self.rt.eos_token_id, self.rt.mask_token_id
+
+    def prompt(self, turn: dict) -> list[int]:
+        msgs = turn["transcript"]["messages"][: turn["k"]]
+        text = self.rt.chat_prompt(msgs, enable_thinking=turn["thinking"], tools=turn["tools"])
+        return self.rt.tokenize(text)
+
+    def backend(self):
+        from ..runtime.runtime import RuntimeBackend
+
+        return RuntimeBackend(self.rt)
+
+    def generate(self, ids, cfg: GenerationConfig, on_block=None):
+        return self.rt.generate(ids, cfg, on_block)
+
+    def text(self, ids) -> str:
+        return self.rt.detokenize(ids)
+
+    def token_id(self, s: str):
+        return self.rt.token_id(s)
+
+    def close(self):
+        self.rt.close()
+
+
+# ----------------------------------------------------------------------------- reading replies
+
+
+def split_turn(text: str, thinking: bool) -> tuple[str, str]:
+    """(reasoning, content) of the generated turn, cut at the end of the turn."""
+    from ..serve.text import split_reasoning
+
+    text = text.split(IM_END)[0]
+    r, c = split_reasoning(text) if thinking else (None, text)
+    return r or "", c
+
+
+def parse_sections(content: str, tools: list[dict]) -> list[dict]:
+    """Every `<tool_call>` section of a reply (one left open at the end counts, unparsable):
+    name, arguments, whether the JSON is a call and whether it fits the named offered tool."""
+    from ..train.toolset import schema_errors
+
+    out = []
+    for m in re.finditer(re.escape(TOOL_CALL) + r"(.*?)(" + re.escape(END_TOOL_CALL) + r"|$)", content, re.S):
+        inner, closed = m.group(1).strip(), bool(m.group(2))
+        s = {"closed": closed, "json": False, "schema": False, "name": None, "arguments": None}
+        try:
+            obj = json.loads(inner) if closed else None
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments"), dict):
+            s.update(json=True, name=obj["name"], arguments=obj["arguments"])
+            s["schema"] = not schema_errors(obj["name"], obj["arguments"], tools)
+        out.append(s)
+    return out
+
+
+def match_calls(expected: list[dict], emitted: list[dict]) -> list[dict | None]:
+    """The emitted section answering each expected call: the first unused one with its name,
+    else the first unused one (None: too few sections)."""
+    used, out = set(), []
+    for e in expected:
+        j = next((i for i, s in enumerate(emitted) if i not in used and s["name"] == e["name"]), None)
+        if j is None:
+            j = next((i for i in range(len(emitted)) if i not in used), None)
+        if j is not None:
+            used.add(j)
+        out.append(emitted[j] if j is not None else None)
+    return out
+
+
+def token_labels(pieces: list[str], thinking: bool) -> list[str]:
+    """call / think / prose / end for each generated token (by where its text starts): inside a
+    `<tool_call>` section, inside the think block, elsewhere, or after the end of the turn."""
+    text = "".join(pieces)
+    spans = [(m.start(), m.end(), "call") for m in re.finditer(re.escape(TOOL_CALL) + r".*?(" + re.escape(END_TOOL_CALL) + r"|$)", text, re.S)]  # fmt: skip
+    if thinking and text.lstrip().startswith("<think>"):
+        spans.append((0, text.find("</think>") + len("</think>") if "</think>" in text else len(text), "think"))
+    end = text.find(IM_END)
+    out, pos = [], 0
+    for p in pieces:
+        lab = "end" if 0 <= end < pos + 1 else next((k for a, b, k in spans if a <= pos < b), "prose")
+        out.append(lab)
+        pos += len(p)
+    return out
+
+
+def block_steps(result, labels: list[str]) -> dict:
+    """Per block class: (tokens, steps) summed over the blocks whose tokens are mostly of it."""
+    out = {k: [0, 0] for k in BLOCK_CLASSES}
+    i = 0
+    for b in result.blocks:
+        labs = labels[i : i + b.n_tokens]
+        i += b.n_tokens
+        kinds = [x for x in labs if x != "end"]
+        if not kinds:
+            continue
+        k = max(BLOCK_CLASSES, key=kinds.count)
+        out[k][0] += b.n_tokens
+        out[k][1] += b.steps
+    return out
+
+
+# ----------------------------------------------------------------------------- one turn
+
+
+def gen_config(dec, cfg: ToolsConfig, seed: int, max_new_tokens: int | None = None) -> GenerationConfig:
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens or cfg.max_new_tokens,
+        block_size=cfg.block_size or dec.block_size,
+        steps=cfg.steps,
+        threshold=None if cfg.steps else cfg.threshold,
+        temperature=cfg.temperature,
+        seed=seed,
+        mask_token_id=dec.mask,
+        eos_token_id=dec.eos,
+    )
+
+
+def constrain(dec, g: GenerationConfig, turn: dict) -> GenerationConfig:
+    """The server's tool_choice "auto" grammar: lazy, from the first <tool_call> token on."""
+    from ..serve.tools import request_constraint
+
+    c = request_constraint({"tools": turn["tools"], "tool_choice": "auto"}, turn["thinking"], dec.token_id)
+    g.grammar, g.grammar_triggers = c.grammar, [dec.token_id(c.trigger)] if c.trigger else None
+    return g
+
+
+def run_turn(dec, turn: dict, cfg: ToolsConfig, mode: str, seed: int) -> dict:
+    """Generate one assistant turn and read it: sections, matches, block classes."""
+    ids = dec.prompt(turn)
+    g = gen_config(dec, cfg, seed)
+    if mode == "constrained":
+        g = constrain(dec, g, turn)
+    end_id = dec.token_id(IM_END)
+    res = dec.generate(ids, g, lambda toks, st: end_id not in toks)
+    pieces = [dec.text([t]) for t in res.tokens]
+    text = dec.text(res.tokens)
+    reasoning, content = split_turn(text, turn["thinking"])
+    emitted = parse_sections(content, turn["tools"])
+    return {
+        "id": turn["id"],
+        "mode": mode,
+        "seed": seed,
+        "text": text.split(IM_END)[0],
+        "emitted": emitted,
+        "matched": match_calls(turn["expected"], emitted),
+        "blocks": block_steps(res, token_labels(pieces, turn["thinking"])),
+        "prompt_tokens": len(ids),
+        "tokens": len(res.tokens),
+    }
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _same_call(a: dict | None, b: dict | None) -> bool:
+    return bool(a and b and a["json"] and b["json"] and a["name"] == b["name"] and a["arguments"] == b["arguments"])
+
+
+def figures(turns: list[dict], recs: list[dict], ref: dict | None = None) -> dict:
+    """The figures of one (file, provider, mode, repeat): recs in the order of turns; `ref`: the
+    BF16 reference's records of the same repeat by turn id (free decoding)."""
+    exp_calls = n_turns_call = with_call = emitted = json_ok = schema_ok = 0
+    valid = names = exact = 0
+    vs_ref = [0, 0]
+    no_call = false_call = 0
+    steps = {k: [0, 0] for k in BLOCK_CLASSES}
+    for t, r in zip(turns, recs):
+        for k in BLOCK_CLASSES:
+            steps[k][0] += r["blocks"][k][0]
+            steps[k][1] += r["blocks"][k][1]
+        emitted += len(r["emitted"])
+        json_ok += sum(s["json"] for s in r["emitted"])
+        schema_ok += sum(s["schema"] for s in r["emitted"])
+        if not t["expected"]:
+            no_call += 1
+            false_call += bool(r["emitted"])
+            continue
+        n_turns_call += 1
+        with_call += bool(r["emitted"])
+        rr = ref.get(t["id"]) if ref else None
+        for i, (e, s) in enumerate(zip(t["expected"], r["matched"])):
+            exp_calls += 1
+            valid += bool(s and s["schema"])
+            names += bool(s and s["name"] == e["name"])
+            exact += bool(s and s["json"] and s["name"] == e["name"] and s["arguments"] == e["arguments"])
+            if rr is not None and rr["matched"][i] is not None and rr["matched"][i]["json"] and s and s["json"]:
+                vs_ref[0] += 1
+                vs_ref[1] += _same_call(s, rr["matched"][i])
+
+    def frac(a, b):
+        return a / b if b else None
+
+    return {
+        "turns": len(turns),
+        "turns_expecting_calls": n_turns_call,
+        "expected_calls": exp_calls,
+        "call_rate": frac(with_call, n_turns_call),
+        "valid_calls": frac(valid, exp_calls),
+        "name_accuracy": frac(names, exp_calls),
+        "exact_arguments": frac(exact, exp_calls),
+        "sections": emitted,
+        "json_validity": frac(json_ok, emitted),
+        "schema_validity": frac(schema_ok, emitted),
+        "same_call_as_bf16": frac(vs_ref[1], vs_ref[0]),
+        "compared_with_bf16": vs_ref[0],
+        "turns_expecting_none": no_call,
+        "calls_where_none_expected": frac(false_call, no_call),
+        **{f"tokens_per_step_{k}": frac(*steps[k]) for k in BLOCK_CLASSES},
+        **{f"{k}_blocks_tokens": steps[k][0] for k in BLOCK_CLASSES},
+    }
+
+
+FIGURES = (
+    "call_rate",
+    "valid_calls",
+    "name_accuracy",
+    "exact_arguments",
+    "json_validity",
+    "schema_validity",
+    "same_call_as_bf16",
+    "calls_where_none_expected",
+    "tokens_per_step_call",
+    "tokens_per_step_prose",
+    "tokens_per_step_think",
+)
+
+
+def summarize(per_repeat: list[dict]) -> dict:
+    """median/p10/p90 over repeats of every figure (and the counts of the first repeat)."""
+    out = {k: spread([f[k] for f in per_repeat if f[k] is not None]) for k in FIGURES}
+    out["counts"] = {k: v for k, v in per_repeat[0].items() if k not in FIGURES}
+    return out
+
+
+@dataclass
+class Target:
+    name: str
+    path: str
+    provider: str
+    rows: dict = field(default_factory=dict)  # mode -> summary
+    records: dict = field(default_factory=dict)  # mode -> [repeat][turn] records
+
+
+def evaluate(dec, turns, cfg: ToolsConfig, modes, ref_records=None, log=print, label="") -> dict:
+    """{mode: (summary, records by repeat)} for one decoder."""
+    out = {}
+    for mode in modes:
+        reps, recs_all = [], []
+        for rep in range(cfg.repeats):
+            recs = []
+            for i, t in enumerate(turns):
+                recs.append(run_turn(dec, t, cfg, mode, cfg.seed + rep))
+                if (i + 1) % 50 == 0:
+                    log(f"{label} {mode} repeat {rep}: {i + 1}/{len(turns)} turns")
+            ref = {r["id"]: r for r in ref_records[rep]} if ref_records else None
+            reps.append(figures(turns, recs, ref))
+            recs_all.append(recs)
+        out[mode] = (summarize(reps), recs_all)
+        f = reps[0]
+        log(
+            f"{label} {mode}: valid calls {f['valid_calls']}, names {f['name_accuracy']}, call rate "
+            f"{f['call_rate']}, calls where none expected {f['calls_where_none_expected']}"
+        )
+    return out
+
+
+def check_config(cfg: ToolsConfig) -> None:
+    if cfg.repeats > 1 and cfg.temperature == 0:
+        raise ValueError("--repeats > 1 needs --temperature > 0: greedy decoding repeats itself exactly")
+    bad = [m for m in cfg.modes if m not in MODES]
+    if bad:
+        raise ValueError(f"--modes: {bad[0]!r} is not one of {', '.join(MODES)}")
+
+
+def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print) -> dict:
+    """The command: the reference (free), then each GGUF (cfg.modes); writes tools.json,
+    report.md and tools.png to out_dir. Returns the run dict."""
+    from .sysinfo import environment
+
+    check_config(cfg)
+    turns, _ = load_turns(cfg.heldout, cfg.limit)
+    names = list(names or []) + [Path(g).name for g in ggufs[len(names or []) :]]
+    log(f"{len(turns)} assistant turns ({sum(bool(t['expected']) for t in turns)} expecting calls)")
+    targets = []
+    ref_dec = ReferenceDecoder(reference)
+    ref = evaluate(ref_dec, turns, cfg, ["free"], log=log, label="reference-bf16")
+    ref_records = ref["free"][1]
+    targets.append(
+        Target(
+            "BF16 (PyTorch reference)", str(reference), ref_dec.name, {"free": ref["free"][0]}, {"free": ref_records}
+        )
+    )
+    stab = {}
+    if cfg.stability_turns:
+        from .stability import stability_of
+
+        stab[targets[0].name] = stability_of(ref_dec, turns, cfg, log)
+    for name, g in zip(names, ggufs):
+        dec = RuntimeDecoder(g, cfg.threads)
+        try:
+            res = evaluate(dec, turns, cfg, cfg.modes, ref_records, log, name)
+            if cfg.stability_turns:
+                stab[name] = stability_of(dec, turns, cfg, log)
+        finally:
+            dec.close()
+        targets.append(
+            Target(name, str(g), dec.name, {m: v[0] for m, v in res.items()}, {m: v[1] for m, v in res.items()})
+        )
+    run = {
+        "kind": "tools",
+        "config": {**asdict(cfg), "turns": len(turns), "environment": environment(cfg.threads)},
+        "targets": [
+            {"name": t.name, "path": t.path, "provider": t.provider, "modes": t.rows, "records": t.records}
+            for t in targets
+        ],
+        "stability": stab,
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "tools.json.tmp"
+    tmp.write_text(json.dumps(run, indent=1))
+    tmp.replace(out / "tools.json")
+    from .tools_report import render_tools
+
+    render_tools(run, out)
+    return run
