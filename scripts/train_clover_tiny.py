@@ -387,6 +387,9 @@ def final_eval(a, tok, train_ids, held_ids, info) -> dict:
     res = {"heldout": quality.heldout_quality(model, train_ids, held_ids, max_tokens=a.final_eval_tokens)}
     res["thirdparty"] = quality.thirdparty_quality(model, tok, max_tokens=a.final_eval_tokens)
     res["functions"] = quality.function_completions(model, tok, quality.load_function_prompts())
+    res["function_speed"] = quality.threshold_speed(model, tok, quality.load_function_prompts())
+    if tok.token_to_id("<tool_call>") is not None:  # the held-out tool transcripts (eval/tools.py)
+        res["tools"] = quality.tool_call_quality(a.out, log=log_print)
     res["targets"] = quality.targets(res)
     res["unigram"] = data.unigram_entropy_bits(train_ids, held_ids, vocab_size=model.config.vocab_size)
     res["data"] = info
@@ -400,6 +403,9 @@ def final_eval(a, tok, train_ids, held_ids, info) -> dict:
         )
     f = res["functions"]
     log_print(f"functions: {f['n_parse']}/{f['n_prompts']} bodies parse")
+    log_print(f"threshold 0.9 on the function prompts: {res['function_speed']['tokens_per_step']:.3f} tokens/step")
+    if "tools" in res:
+        log_print(f"tools: { ({k: res['tools'][k] for k in ('valid_calls', 'name_accuracy', 'call_rate')}) }")
     for r in f["rows"]:
         log_print(f"{'ok ' if r['parses'] else 'BAD'} {r['prompt']!r} -> {r['completion']!r}")
     return res
@@ -432,6 +438,7 @@ def quality_section(fin: dict) -> list[str]:
         f"{yes('thirdparty_ratio')} |",
         f"| function prompts whose greedy body `ast.parse` accepts | {fn['n_parse']} / {fn['n_prompts']} | "
         f">= half | {yes('functions_parse')} |",
+        *issue_23_rows(fin),
         "",
         f"Held-out stdlib: {ho['n_masked']:,} masked of {ho['n_tokens']:,} tokens. Third-party: `{tp['wheel']}` "
         f"(sha256 `{tp['wheel_sha256'][:16]}...`, in `evaldata/thirdparty/`, read as a zip, never installed); "
@@ -456,6 +463,58 @@ def quality_section(fin: dict) -> list[str]:
             "",
         ]
     return lines
+
+
+def issue_23_rows(fin: dict) -> list[str]:
+    """The chat and parallelism rows of the quality table (clover-tiny v3), when measured."""
+    t, rows = fin["targets"], []
+
+    def row(label, key, value, bound):
+        if key in t:
+            rows.append(f"| {label} | {value} | {bound} | {'yes' if t[key]['met'] else '**no**'} |")
+
+    if "function_speed" in fin:
+        sp = fin["function_speed"]
+        row("tokens per step, threshold 0.9, function prompts (greedy, 64 tokens)", "functions_tokens_per_step",
+            f"{sp['tokens_per_step']:.2f}", ">= 1.5")  # fmt: skip
+    tl = fin.get("tools")
+    if tl:
+
+        def pct(k):
+            return "–" if tl.get(k) is None else f"{100 * tl[k]:.1f} %"
+
+        row(f"held-out tool transcripts: expected calls answered by a schema-valid call ({tl['expected_calls']} "
+            "calls, `clover-gguf eval tools`, BF16, free decoding)", "tools_valid_calls", pct("valid_calls"), ">= 80 %")  # fmt: skip
+        row("... with the right tool name", "tools_right_name", pct("name_accuracy"), ">= 70 %")
+        v = tl.get("tokens_per_step_call")
+        row("tokens per step inside tool calls (threshold 0.9)", "tools_call_tokens_per_step",
+            "–" if v is None else f"{v:.2f}", ">= 2")  # fmt: skip
+    return rows
+
+
+def chat_note(log: dict) -> list[str]:
+    """What a run with chat transcripts mixed in trained on, and where it started."""
+    ch, parent = log.get("data", {}).get("chat"), log.get("init_from")
+    out = []
+    if parent:
+        out += [
+            f"This run started from the weights of `{parent['path']}` ({parent.get('tokens') or 0:,} tokens trained "
+            "there; its train_log is kept under `init_from`), with a new optimizer and its own schedule.",
+            "",
+        ]
+    if ch:
+        L = ch["tokens_per_transcript"]
+        out += [
+            f"Mixed in: {ch['transcripts']:,} chat transcripts ({ch['tokens']:,} tokens; per transcript mean "
+            f"{L['mean']:.0f}, p10 {L['p10']}, median {L['p50']}, p90 {L['p90']}, max {L['max']}) written by "
+            f"`clover_gguf/train/transcripts.py` (generator {ch['generator']}, seed {ch['seed']}) about train-split "
+            "modules only: requests, thinking, tool calls with real paths, names and lines, tool results, answers, "
+            "rendered through the chat template as the server renders them. A share of "
+            f"{ch['ratio']} of the batches are chat windows of about {ch['seq_tokens']} tokens, each starting "
+            "where a transcript does; the loss is the same NELBO on every token of the window.",
+            "",
+        ]
+    return out
 
 
 def docstrings_note(log: dict) -> list[str]:
@@ -500,10 +559,15 @@ def write_model_card(out: Path, log: dict) -> Path:
     lines = [
         "# clover-tiny",
         "",
-        "A tiny Clover (block-diffusion mixture-of-experts, the spec, `shared/spec/CLOVER.md`) trained from scratch "
-        "on the Python standard library, on CPU, to exercise the clover-gguf toolkit end to end (converter, "
-        "llama.cpp runtime, eval) with a model whose outputs are not random. It is a test model, not a useful "
-        "code model.",
+        "A tiny Clover (block-diffusion mixture-of-experts, the spec, `shared/spec/CLOVER.md`) trained "
+        + (
+            f"from the weights of `{log['init_from']['path']}` on the Python standard library and chat transcripts "
+            "with tool calls about it"
+            if log.get("init_from")
+            else "from scratch on the Python standard library"
+        )
+        + ", on CPU, to exercise the clover-gguf toolkit end to end (converter, llama.cpp runtime, eval, server) "
+        "with a model whose outputs are not random. It is a test model, not a useful code model.",
         "",
         "Files: `model.safetensors` (BF16, HF names, per-expert layout), `config.json`, `tokenizer.json` + "
         "`tokenizer_config.json` (byte-level BPE trained on the same train split), `train_log.json` (config, "
@@ -554,6 +618,7 @@ def write_model_card(out: Path, log: dict) -> Path:
         "Token streams have `<|endoftext|>` between files.",
         "",
         *docstrings_note(log),
+        *chat_note(log),
         "## Training",
         "",
         "Block-diffusion NELBO (spec section 6, `clover_gguf/train/trainer.py`): windows of the train stream; per sequence "

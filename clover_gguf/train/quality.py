@@ -160,6 +160,46 @@ def function_completions(
     }
 
 
+def threshold_speed(
+    model, tok, prompts: list[str], threshold: float = 0.9, max_new_tokens: int = 64, block_size: int = 16
+) -> dict:
+    """Tokens per denoising step of the threshold schedule (greedy) on the prompts: the issue-23
+    figure of block diffusion's parallelism (1.0 = one token a step)."""
+    from ..reference.generate import GenerationConfig, TorchBackend, generate
+
+    c = model.config
+    cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        block_size=block_size,
+        threshold=threshold,
+        mask_token_id=c.mask_token_id,
+        eos_token_id=c.eos_token_id,
+    )
+    per_prompt = []
+    for p in prompts:
+        res = generate(TorchBackend(model), tok.encode(p), cfg)
+        per_prompt.append((sum(b.n_tokens for b in res.blocks), sum(b.steps for b in res.blocks)))
+    tokens, steps = sum(t for t, _ in per_prompt), sum(s for _, s in per_prompt)
+    return {
+        "settings": f"greedy, threshold {threshold}, B={block_size}, max_new_tokens={max_new_tokens}",
+        "tokens": tokens,
+        "steps": steps,
+        "tokens_per_step": tokens / max(steps, 1),
+    }
+
+
+def tool_call_quality(model_dir, limit: int | None = None, max_new_tokens: int = 160, log=None) -> dict:
+    """`clover-gguf eval tools`' figures for the PyTorch reference on a model folder (free decoding,
+    greedy, threshold 0.9) on the held-out transcripts (the first `limit` of them)."""
+    from ..eval.tools import ReferenceDecoder, ToolsConfig, evaluate, load_turns
+
+    cfg = ToolsConfig(limit=limit, max_new_tokens=max_new_tokens, modes=("free",))
+    turns, _ = load_turns(None, limit)
+    summary, _ = evaluate(ReferenceDecoder(model_dir), turns, cfg, ["free"], log=log or (lambda *a: None))["free"]
+    figs = {k: v.get("median") for k, v in summary.items() if k != "counts"}
+    return {"settings": f"greedy, threshold 0.9, max_new_tokens={max_new_tokens}", **figs, **summary["counts"]}
+
+
 def targets(q: dict) -> dict:
     """The issue's three targets, each as (value, bound, met)."""
     out = {}
@@ -172,4 +212,14 @@ def targets(q: dict) -> dict:
     if "functions" in q:
         f = q["functions"]["fraction"]
         out["functions_parse"] = {"value": f, "bound": 0.5, "met": bool(f >= 0.5)}
+    # issue 23 (clover-tiny v3)
+    if "function_speed" in q:
+        v = q["function_speed"]["tokens_per_step"]
+        out["functions_tokens_per_step"] = {"value": v, "bound": 1.5, "met": bool(v >= 1.5)}
+    t = q.get("tools")
+    if t:
+        for key, fig, bound in (("tools_valid_calls", "valid_calls", 0.8), ("tools_right_name", "name_accuracy", 0.7),
+                                ("tools_call_tokens_per_step", "tokens_per_step_call", 2.0)):  # fmt: skip
+            v = t.get(fig)
+            out[key] = {"value": v, "bound": bound, "met": bool(v is not None and v >= bound)}
     return out

@@ -87,3 +87,20 @@ def test_function_completions_and_targets():
     assert res["n_prompts"] == 1 and len(res["rows"]) == 1 and res["n_parse"] in (0, 1)
     t = Q.targets({"heldout": {"ratio": 0.7}, "thirdparty": {"ratio": 0.85}, "functions": res | {"fraction": 0.5}})
     assert t["heldout_ratio"]["met"] and not t["thirdparty_ratio"]["met"] and t["functions_parse"]["met"]
+
+
+def test_threshold_speed_and_issue_23_targets():
+    m = T.new_model(tiny_config(), 0)
+    s = Q.threshold_speed(m, _ByteTok(), ["def f():\n", "x = 1\n"], threshold=0.0, max_new_tokens=8, block_size=4)
+    # threshold 0 unmasks every position at the first step: 4 tokens a step, 2 blocks per prompt
+    assert s["tokens"] == 16 and s["steps"] == 4 and s["tokens_per_step"] == 4.0
+    s = Q.threshold_speed(m, _ByteTok(), ["def f():\n"], threshold=1.0, max_new_tokens=8, block_size=4)
+    assert s["tokens_per_step"] == 1.0  # nothing reaches probability 1: one token a step
+    t = Q.targets(
+        {
+            "function_speed": {"tokens_per_step": 1.4},
+            "tools": {"valid_calls": 0.85, "name_accuracy": 0.6, "tokens_per_step_call": None},
+        }
+    )
+    assert not t["functions_tokens_per_step"]["met"] and t["tools_valid_calls"]["met"]
+    assert not t["tools_right_name"]["met"] and not t["tools_call_tokens_per_step"]["met"]
