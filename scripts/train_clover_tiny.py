@@ -109,6 +109,13 @@ def parse_args(argv=None):
     ap.add_argument("--chat-transcripts", type=int, default=20000, help="number of training transcripts")
     ap.add_argument("--chat-seed", type=int, default=0, help="seed of the training transcripts")
     ap.add_argument(
+        "--chat-loss",
+        default="all",
+        choices=("all", "assistant"),
+        help="in chat windows, noise and score every token, or only what the assistant writes (the rest "
+        "stays clean context, as a prompt at inference)",
+    )
+    ap.add_argument(
         "--export-every-min",
         type=float,
         default=0.0,
@@ -271,7 +278,7 @@ def load_chat(a, tok, info: dict):
     from clover_gguf.train import transcripts
 
     t0 = time.time()
-    ids, starts = transcripts.transcript_tokens(tok, "train", a.chat_seed, a.chat_transcripts, a.cache_dir)
+    ids, starts, assistant = transcripts.transcript_tokens(tok, "train", a.chat_seed, a.chat_transcripts, a.cache_dir)
     lengths = np.diff(np.append(starts, ids.size))
     info["chat"] = {
         "generator": transcripts.GENERATOR_VERSION,
@@ -285,9 +292,12 @@ def load_chat(a, tok, info: dict):
         },
         "ratio": a.chat_ratio,
         "seq_tokens": a.chat_seq_tokens,
+        "loss": a.chat_loss,
+        "assistant_tokens": int(assistant.sum()),
     }
     log_print(f"chat: {info['chat']} ({time.time() - t0:.0f} s)")
-    return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(starts.astype(np.int64))
+    out = (torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(starts.astype(np.int64)))
+    return out + ((torch.from_numpy(assistant),) if a.chat_loss == "assistant" else ())
 
 
 def exporter(a, info: dict):
@@ -511,7 +521,13 @@ def chat_note(log: dict) -> list[str]:
             "modules only: requests, thinking, tool calls with real paths, names and lines, tool results, answers, "
             "rendered through the chat template as the server renders them. A share of "
             f"{ch['ratio']} of the batches are chat windows of about {ch['seq_tokens']} tokens, each starting "
-            "where a transcript does; the loss is the same NELBO on every token of the window.",
+            "where a transcript does; the loss is the same NELBO "
+            + (
+                "on the tokens the assistant writes (from after `<|im_start|>assistant\\n` through `<|im_end|>`), "
+                "the rest of the window clean context, as a prompt at inference."
+                if ch.get("loss") == "assistant"
+                else "on every token of the window."
+            ),
             "",
         ]
     return out

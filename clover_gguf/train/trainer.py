@@ -106,13 +106,18 @@ class Batch:
     valid: torch.Tensor  # [N, nb, B] bool
     masked: torch.Tensor  # [N, nb, B] bool (masked and valid)
     t: torch.Tensor  # [N, nb] float32, the mask probability of each block
+    scored: torch.Tensor | None = None  # [N, nb, B] bool: the tokens noised and scored (None: every valid one)
 
     @property
     def n_tokens(self) -> int:
         return int(self.valid.sum())
 
+    @property
+    def n_scored(self) -> int:
+        return self.n_tokens if self.scored is None else int(self.scored.sum())
+
     def to(self, device) -> Batch:
-        return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
+        return Batch(*(None if (v := getattr(self, f.name)) is None else v.to(device) for f in fields(self)))
 
 
 def layout_windows(stream: torch.Tensor, starts: torch.Tensor, offsets: torch.Tensor, nb: int, B: int, pad_id: int):
@@ -164,10 +169,12 @@ def sample_batch(
     eps: float = 1e-3,
     random_offset: bool = True,
     start_points: torch.Tensor | None = None,
+    score_mask: torch.Tensor | None = None,
 ) -> Batch:
     """N windows of the stream, each r + (n_blocks-1)B tokens, r ~ U{1..B} per sequence. With
     `start_points` (sorted positions, e.g. where each chat transcript begins) every window starts
-    at one of them, else anywhere."""
+    at one of them, else anywhere. With `score_mask` (bool per stream token) only those tokens are
+    noised and scored (Batch.scored; the others stay clean context, as a prompt at inference)."""
     if random_offset:
         r = torch.randint(1, B + 1, (n_seq,), generator=gen)
     else:
@@ -183,9 +190,12 @@ def sample_batch(
             raise ValueError(f"no start point leaves a window of {need} tokens in a stream of {stream.shape[0]}")
         starts = start_points[torch.randint(0, n_ok, (n_seq,), generator=gen)]
     clean, pos, valid = layout_windows(stream, starts, r, n_blocks, B, pad_id)
+    scored = None
+    if score_mask is not None:
+        scored = layout_windows(score_mask.long(), starts, r, n_blocks, B, 0)[0].bool() & valid
     t = sample_t((n_seq, n_blocks), eps, gen)
-    noisy, masked = apply_noise(clean, valid, t, mask_id, gen)
-    return Batch(clean, noisy, pos, valid, masked, t)
+    noisy, masked = apply_noise(clean, valid if scored is None else scored, t, mask_id, gen)
+    return Batch(clean, noisy, pos, valid, masked, t, scored)
 
 
 # --- loss ----------------------------------------------------------------------------------
@@ -194,11 +204,12 @@ def sample_batch(
 def nelbo_from_logits(logits_sel: torch.Tensor, batch: Batch):
     """logits at the masked positions (in `batch.masked` order) -> (loss, masked CE sum).
 
-    loss = sum_masked CE(logits, clean) / t_block, divided by the number of real tokens."""
+    loss = sum_masked CE(logits, clean) / t_block, divided by the number of real tokens (of the
+    scored ones when the batch says which)."""
     target = batch.clean[batch.masked]
     w = (1.0 / batch.t)[..., None].expand_as(batch.masked)[batch.masked]
     ce = F.cross_entropy(logits_sel.float(), target, reduction="none")
-    loss = (ce * w).sum() / max(batch.n_tokens, 1)
+    loss = (ce * w).sum() / max(batch.n_scored, 1)
     return loss, ce.detach()
 
 
@@ -475,7 +486,7 @@ def train(
     resume: str | Path | None = None,
     should_stop=None,
     command: str | None = None,
-    chat: tuple[torch.Tensor, torch.Tensor] | None = None,
+    chat: tuple | None = None,
     init_from: str | Path | None = None,
     export=None,
 ) -> dict:
@@ -487,9 +498,10 @@ def train(
     folder: a warm restart (same weights and log, fresh optimizer and batches). log["runs"]
     records where each part started and with what `command`.
 
-    `chat` = (ids, starts): a second stream (chat transcripts, each beginning at a position of
-    `starts`); a tc.chat_ratio share of the batches are windows of ~tc.chat_seq_tokens of it,
-    each starting where a transcript does. `init_from`: a model folder whose weights start a
+    `chat` = (ids, starts[, scored]): a second stream (chat transcripts, each beginning at a
+    position of `starts`); a tc.chat_ratio share of the batches are windows of ~tc.chat_seq_tokens
+    of it, each starting where a transcript does; with `scored` (bool per token) only those tokens
+    are noised and scored in them. `init_from`: a model folder whose weights start a
     new run (step 0, its own schedule; log["init_from"] records the parent). `export(model,
     log)` is called every tc.export_every_min minutes. Returns the log dict."""
     torch.set_num_threads(tc.threads)
@@ -556,7 +568,7 @@ def train(
     )
     t_start = time.time()
     last_ckpt = last_eval = last_export = time.time()
-    chat_ids, chat_starts = chat if chat is not None else (None, None)
+    chat_ids, chat_starts, chat_scored = (tuple(chat) + (None,))[:3] if chat is not None else (None, None, None)
     win_tok, win_t = 0, 0.0
     budget_s = tc.time_budget_min * 60 if tc.time_budget_min else None
 
@@ -590,7 +602,16 @@ def train(
         if is_chat:
             n_seq, nb = batch_shape(B, tc, tc.chat_seq_tokens)
             batch = sample_batch(
-                chat_ids, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps, start_points=chat_starts
+                chat_ids,
+                n_seq,
+                B,
+                nb,
+                gen,
+                c.mask_token_id,
+                c.pad_token_id,
+                tc.eps,
+                start_points=chat_starts,
+                score_mask=chat_scored,
             )
         else:
             n_seq, nb = batch_shape(B, tc)

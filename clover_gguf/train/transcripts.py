@@ -186,10 +186,40 @@ def expected_calls(message: dict) -> list[dict]:
 # --- token streams ---------------------------------------------------------------------------
 
 
+ASSISTANT_OPEN, TURN_END = "<|im_start|>assistant\n", "<|im_end|>"
+
+
+def assistant_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of what the assistant writes in a rendered transcript: from after each
+    `<|im_start|>assistant\n` through its `<|im_end|>` (a nothink turn's empty think block is
+    part of the prompt the server renders, so it is not in the span)."""
+    out, pos = [], 0
+    while (i := text.find(ASSISTANT_OPEN, pos)) >= 0:
+        a = i + len(ASSISTANT_OPEN)
+        if text.startswith("<think>\n\n</think>\n\n", a):
+            a += len("<think>\n\n</think>\n\n")
+        e = text.find(TURN_END, a)
+        e = len(text) if e < 0 else e + len(TURN_END)
+        out.append((a, e))
+        pos = e
+    return out
+
+
+def _assistant_mask(enc, text: str) -> np.ndarray:
+    """Per token of `enc` (a tokenizers Encoding of text): does it start inside an assistant span."""
+    spans = assistant_spans(text)
+    starts = np.asarray([o[0] for o in enc.offsets], dtype=np.int64)
+    m = np.zeros(len(starts), dtype=bool)
+    for a, e in spans:
+        m |= (starts >= a) & (starts < e)
+    return m
+
+
 def transcript_tokens(tok, split: str, seed: int, n: int, cache_dir: Path | None = None):
-    """(ids, starts): n transcripts of a split rendered and encoded, `<|endoftext|>` after each;
-    starts[i] is where transcript i begins. Cached in cache_dir by (generator version, split,
-    seed, n, tokenizer, held-out manifest)."""
+    """(ids, starts, assistant): n transcripts of a split rendered and encoded, `<|endoftext|>`
+    after each; starts[i] is where transcript i begins; assistant[j] whether token j is one the
+    assistant writes (assistant_spans). Cached in cache_dir by (generator version, split, seed, n,
+    tokenizer, held-out manifest)."""
     from .data import HELDOUT_MANIFEST
 
     key = hashlib.sha256(
@@ -198,20 +228,22 @@ def transcript_tokens(tok, split: str, seed: int, n: int, cache_dir: Path | None
     path = Path(cache_dir) / f"chat-{split}-{key}.npz" if cache_dir is not None else None
     if path is not None and path.is_file():
         z = np.load(path)
-        return z["ids"], z["starts"]
+        if "assistant" in z:  # (caches written before the mask was added lack it)
+            return z["ids"], z["starts"], z["assistant"]
     texts = [render_training_text(tok, make_transcript(split, seed, i)) for i in range(n)]
-    parts, starts, pos = [], [], 0
-    for ids in tok.encode_batch(texts):
+    parts, masks, starts, pos = [], [], [], 0
+    for text, enc in zip(texts, tok._tok.encode_batch(texts, add_special_tokens=False)):
         starts.append(pos)
-        parts.append(np.asarray(list(ids) + [tok.eos_id], dtype=np.int32))
-        pos += len(ids) + 1
-    arr, st = np.concatenate(parts), np.asarray(starts, dtype=np.int64)
+        parts.append(np.asarray(list(enc.ids) + [tok.eos_id], dtype=np.int32))
+        masks.append(np.append(_assistant_mask(enc, text), False))
+        pos += len(enc.ids) + 1
+    arr, st, am = np.concatenate(parts), np.asarray(starts, dtype=np.int64), np.concatenate(masks)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-        np.savez(tmp, ids=arr, starts=st)
+        np.savez(tmp, ids=arr, starts=st, assistant=am)
         os.replace(tmp, path)
-    return arr, st
+    return arr, st, am
 
 
 # --- the committed held-out set --------------------------------------------------------------

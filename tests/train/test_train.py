@@ -313,3 +313,23 @@ def test_new_run_from_a_model_folder_with_chat_and_exports(tmp_path):
     other = T.new_model(tiny_config(hidden_size=64), 0)
     with pytest.raises(ValueError, match="another shape"):
         T.train(other, stream, tc, log_fn=lambda s: None, init_from=tmp_path / "parent")
+
+
+def test_score_mask_keeps_the_rest_clean_and_unscored(tmp_path):
+    stream = torch.randint(2, 64, (400,))
+    score = torch.zeros(400, dtype=torch.bool)
+    score[100:200] = True
+    g = torch.Generator().manual_seed(0)
+    b = T.sample_batch(stream, 8, 4, 6, g, 1, 0, start_points=torch.tensor([90, 120]), score_mask=score)
+    assert b.scored is not None and b.scored.any() and (~b.scored & b.valid).any()
+    assert not (b.masked & ~b.scored).any()  # only scored tokens are noised
+    assert torch.equal(b.noisy[~b.scored & b.valid], b.clean[~b.scored & b.valid])
+    assert b.n_scored == int(b.scored.sum()) < b.n_tokens
+    c = tiny_config()
+    loss, st = T.diffusion_loss(T.new_model(c, 0), b)
+    assert torch.isfinite(loss) and st["n_masked"] == int(b.masked.sum())
+    # a run whose chat stream says which tokens are scored
+    chat = (torch.randint(2, 64, (2000,)), torch.arange(0, 2000, 50), torch.rand(2000) < 0.3)
+    tc = small_tc(max_steps=4, chat_ratio=1.0, chat_seq_tokens=16, ckpt_dir=str(tmp_path))
+    log = T.train(T.new_model(c, 0), torch.randint(2, 64, (3000,)), tc, log_fn=lambda s: None, chat=chat)
+    assert log["step"] == 4 and all(r["chat"] for r in log["steps"])

@@ -178,13 +178,29 @@ def test_nothink_prompt_has_the_empty_think_block(tok, train_set):
 
 
 def test_transcript_tokens_stream(tok, tmp_path):
-    ids, starts = T.transcript_tokens(tok, "train", 0, 12, tmp_path)
-    assert starts[0] == 0 and len(starts) == 12 and ids[-1] == tok.eos_id
+    ids, starts, assistant = T.transcript_tokens(tok, "train", 0, 12, tmp_path)
+    assert starts[0] == 0 and len(starts) == 12 and ids[-1] == tok.eos_id and assistant.shape == ids.shape
     assert all(ids[s - 1] == tok.eos_id for s in starts[1:])
-    first = T.render_training_text(tok, T.make_transcript("train", 0, 0))
-    assert tok.decode(ids[: starts[1] - 1]) == first
+    first = T.make_transcript("train", 0, 0)
+    text = T.render_training_text(tok, first)
+    assert tok.decode(ids[: starts[1] - 1]) == text
+    # the assistant mask covers exactly what the assistant writes, each turn through <|im_end|>
+    spans = T.assistant_spans(text)
+    assert len(spans) == len(T.assistant_turns(first))
+    written = "".join(text[a:e] for a, e in spans)
+    assert tok.decode(ids[: starts[1]][assistant[: starts[1]]]) == written
+    assert all(text[a:e].endswith("<|im_end|>") for a, e in spans)
+    assert not assistant[starts].any() and 0.05 < assistant.mean() < 0.6
     again = T.transcript_tokens(tok, "train", 0, 12, tmp_path)  # from the cache
-    assert np.array_equal(again[0], ids) and len(list(tmp_path.glob("chat-train-*.npz"))) == 1
+    assert np.array_equal(again[0], ids) and np.array_equal(again[2], assistant)
+    assert len(list(tmp_path.glob("chat-train-*.npz"))) == 1
+
+
+def test_assistant_spans_leave_the_nothink_block_to_the_prompt(tok, train_set):
+    t = next(t for t in train_set if t["mode"] == "nothink" and t["messages"][-1].get("content"))
+    text = T.render_training_text(tok, t)
+    a, e = T.assistant_spans(text)[-1]
+    assert text[:a].endswith("<think>\n\n</think>\n\n") and text[a:e] == t["messages"][-1]["content"] + "<|im_end|>"
 
 
 def test_committed_heldout_set(heldout_modules, tmp_path):
