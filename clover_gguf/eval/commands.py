@@ -563,18 +563,20 @@ def baseline_cmd(
     show_default=True,
     help="Decoding of the GGUFs: free, constrained (the server's tool_choice auto grammar), or both.",
 )
-@click.option("--max-new-tokens", default=160, show_default=True, type=click.IntRange(1, 1 << 20))
+@click.option("--max-new-tokens", default=160, show_default=True, type=option_type("max_new_tokens"))
 @click.option("--block-size", type=BLOCK, default=None, help="Block size (default: the model's).")
-@click.option("--steps", type=BLOCK, default=None, help="steps schedule (default: the threshold schedule).")
-@click.option("--threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT, callback=_finite)
-@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0, 100.0), callback=_finite)
+@click.option(
+    "--steps", type=option_type("steps"), default=None, help="steps schedule (default: the threshold schedule)."
+)
+@click.option("--threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT)
+@click.option("--temperature", default=0.0, show_default=True, type=option_type("temperature"))
 @click.option("--repeats", default=1, show_default=True, type=POS, help="Seeds per turn (needs --temperature > 0).")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1))
+@click.option("--seed", default=0, show_default=True, type=option_type("seed"))
 @click.option(
     "--stability-turns",
     default=20,
     show_default=True,
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, 1 << 20),
     help="Formatting stability inside a block on this many call turns (0: skip).",
 )
 @click.option("--threads", type=THREADS, default=None)

@@ -35,7 +35,7 @@ def held_set():
 
 @pytest.fixture(scope="module")
 def heldout_modules():
-    return set(data.load_heldout_manifest(check=False)["modules"])
+    return set(data.load_heldout_manifest()["modules"])
 
 
 def calls_of(t):
@@ -217,7 +217,7 @@ def test_committed_heldout_set(heldout_modules, tmp_path):
             for c in T.expected_calls(t["messages"][k]):
                 assert toolset.schema_errors(c["name"], c["arguments"], offered) == []
     assert n_turns >= 300
-    manifest = data.load_heldout_manifest(check=False)
+    manifest = data.load_heldout_manifest()
     if manifest["python_version"] == data.python_version():
         T.write_heldout_set(tmp_path, n=len(rows))
         assert (tmp_path / "heldout.jsonl").read_text() == (T.HELDOUT_DIR / "heldout.jsonl").read_text()
