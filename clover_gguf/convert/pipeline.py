@@ -274,6 +274,17 @@ def chunks(entry: PlanEntry, reader: ShardReader):
 _STOP = object()
 
 
+def _get(q: queue.Queue):
+    """q.get(), waking up now and then: a SIGTERM raised in the main thread while it waits on a
+    queue can leave that queue's condition with a lost wake-up (a SIGTERMed conversion hung in
+    the writer's join about once in 40 runs); polling makes that harmless."""
+    while True:
+        try:
+            return q.get(timeout=0.2)
+        except queue.Empty:
+            continue
+
+
 class Pipeline:
     """Writes the data section of a plan to an open file (positioned at the data start)."""
 
@@ -325,7 +336,7 @@ class Pipeline:
     def _write(self, out_q: queue.Queue, fout, align: int) -> None:
         # keeps draining out_q after an error so that the quantizer never blocks on put()
         while True:
-            item = out_q.get()
+            item = _get(out_q)
             if item is _STOP:
                 return
             if self._stop.is_set():
@@ -373,7 +384,7 @@ class Pipeline:
         e = None
         try:
             while not self._stop.is_set():
-                item = in_q.get()
+                item = _get(in_q)
                 if item is _STOP:
                     break
                 e, p, kind, data, nsrc = item
