@@ -10,18 +10,8 @@ import click
 
 from . import __version__
 from .constants import DEFAULT_THRESHOLD
+from .errors import os_error_line
 from .options import InputPath, option_type
-
-
-def os_error_line(e: OSError, subject=None) -> str:
-    """An OSError as one line: the file it names, else the system's reason alone (an ENOMEM or
-    EAGAIN with no file is a limit of the machine: naming the model would blame the file)."""
-    why = e.strerror or str(e)
-    if e.filename:
-        return f"{e.filename}: {why}"
-    return (
-        f"{why} (a system resource ran out{f' while working on {subject}' if subject else ''}; not a fault of the file)"
-    )
 
 
 class OneLineErrors(click.Group):
@@ -345,18 +335,22 @@ def convert_cmd(
     clover-gguf convert /tmp/c35 --experts mxfp4 --tensor-type 'ffn_down_exps=q8_0' --dry-run
     """
     from .convert.converter import ConvertError, convert
+    from .plan.fit import PlanError, budget_rules
 
     if out is None and not dry_run:
         raise click.UsageError("give -o/--outfile (or --dry-run)")
     try:
+        # a budget recipe (fit:SIZE) is the planner's: resolved to explicit types first
+        rules = budget_rules(model_dir, recipe, outtype, experts, tensor_types, imatrix is not None, log=click.echo)
         res = convert(
             model_dir,
             out,
             outtype=outtype,
             experts=experts,
             tensor_types=list(tensor_types),
-            recipe=recipe,
+            recipe=None if rules else recipe,
             imatrix=imatrix,
+            rules=rules,
             force=force,
             dry_run=dry_run,
             threads=threads,
@@ -364,7 +358,7 @@ def convert_cmd(
             progress=not quiet and not dry_run,
             name=name,
         )
-    except ConvertError as e:
+    except (ConvertError, PlanError) as e:
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt as e:
         notes = "; ".join(getattr(e, "__notes__", []))

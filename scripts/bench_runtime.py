@@ -42,7 +42,7 @@ def convert_once(model_dir: Path, out: Path, **kw) -> Path:
     if out.exists():
         return out
     t = time.perf_counter()
-    convert(model_dir, out, progress=False, log=lambda *a, **k: None, **kw)
+    convert(model_dir, out, progress=False, **kw)
     log(
         f"  converted {model_dir.name} -> {out.name} ({out.stat().st_size / 2**20:.0f} MiB, "
         f"{time.perf_counter() - t:.0f}s)"

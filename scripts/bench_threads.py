@@ -75,7 +75,7 @@ def models(names: list[str], work: Path) -> dict[str, Path]:
         p = work / f"{n}.gguf"
         if not p.exists():
             if n == "tiny":
-                convert(DEFAULT_MODEL, p, recipe="q4_k", progress=False, log=lambda *a, **k: None)
+                convert(DEFAULT_MODEL, p, recipe="q4_k", progress=False)
             else:
                 write_synthetic_gguf(
                     p, preset("clover-35b-a3b"), layers=2, outtype="q8_0", experts="q4_k", progress=False

@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 from testdata import REPO, TINY
 
-from clover_gguf.cli import cli, os_error_line
+from clover_gguf.cli import cli
+from clover_gguf.errors import os_error_line
 from clover_gguf.runtime.runtime import _load_failure
 
 

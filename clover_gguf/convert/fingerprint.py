@@ -14,30 +14,22 @@ import hashlib
 import os
 import secrets
 
-import torch
-
 from ..checkpoint import Checkpoint
-from .plan import _source_entries
+from .pipeline import CHUNK_ELEMENTS, ShardReader, source_bytes
+from .plan import source_entries
 
 HEX_LEN = 64  # a sha256 in hex
 
 
-def row_bytes(t: torch.Tensor):
-    """A read chunk's bytes as hashed (contiguous, source dtype)."""
-    return t.contiguous().view(-1).view(torch.uint8).numpy()
-
-
 def weights_sha256(ck: Checkpoint) -> str:
-    from .pipeline import CHUNK_ELEMENTS, ShardReader
-
     h = hashlib.sha256()
     with ShardReader(ck) as reader:
-        for _name, _shape, pieces, _transform in _source_entries(ck):
+        for _name, _shape, pieces, _transform in source_entries(ck):
             for p in pieces:
                 _, _, shape, _ = reader.info(p.hf)
                 step = max(1, CHUNK_ELEMENTS // (shape[-1] if shape else 1))
                 for r in range(p.r0, p.r1, step):
-                    h.update(row_bytes(reader.rows(p.hf, r, min(p.r1, r + step))))
+                    h.update(source_bytes(reader.rows(p.hf, r, min(p.r1, r + step))))
     return h.hexdigest()
 
 

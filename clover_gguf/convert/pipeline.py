@@ -176,6 +176,11 @@ class BigWeight:
         )
 
 
+def source_bytes(t: torch.Tensor):
+    """A read chunk's bytes as the weights' fingerprint hashes them (contiguous, source dtype)."""
+    return t.contiguous().view(-1).view(torch.uint8).numpy()
+
+
 class SourceScan:
     """What the converter learns from the source values as they stream past: the tensors with
     weights past the warning bound, and the weights' fingerprint (convert/fingerprint.py)."""
@@ -185,9 +190,7 @@ class SourceScan:
         self.sha = hashlib.sha256()
 
     def see(self, entry: PlanEntry, piece: Piece, reader: ShardReader, t: torch.Tensor, r0: int) -> None:
-        from .fingerprint import row_bytes
-
-        self.sha.update(row_bytes(t))
+        self.sha.update(source_bytes(t))
         if entry.transform != "a_log":  # an A_log past the bound overflows: refused by _check_range
             _note_big(self.big, entry, piece, reader, t, r0)
 

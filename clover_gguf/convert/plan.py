@@ -159,7 +159,7 @@ def _expert_pieces(ck: Checkpoint, bid: int, proj: str) -> tuple[tuple[int, int,
     return (E, rows, cols), pieces
 
 
-def _source_entries(ck: Checkpoint):
+def source_entries(ck: Checkpoint):
     """(gguf name, out shape, pieces, transform) in output order."""
     expected = ck.config.expected_tensors(fused=ck.layout == "fused")
     done_experts: set[int] = set()
@@ -188,7 +188,7 @@ def _src_bytes(ck: Checkpoint, pieces: list[Piece]) -> int:
 def build_plan(ck: Checkpoint, rules: TypeRules, imatrix=None, backend: str = "auto") -> Plan:
     """The plan of a validated checkpoint; raises ConvertError for a type it cannot write."""
     entries = []
-    for name, shape, pieces, transform in _source_entries(ck):
+    for name, shape, pieces, transform in source_entries(ck):
         req, why = rules.choose(name, shape)
         qt, fb = quants.fallback_type(req, shape[-1])
         e = PlanEntry(

@@ -28,6 +28,7 @@ from pathlib import Path
 from ..outputs import save_figure, write_json, write_text
 from ..util import EVALDATA
 from .metrics import spread
+from .render_helpers import config_markdown, md_table, pyplot
 
 AGENT_TRACES = EVALDATA / "agent"
 TOOLS = ("list_files", "read_file", "grep", "run", "edit")
@@ -339,8 +340,6 @@ def _s(x, nd=1, scale=1.0):
 
 
 def agent_markdown(run: dict, timeline: str | None) -> str:
-    from .report import _table, config_markdown
-
     c, s = run["config"], run["summary"]
     sc = c.get("server", {}).get("config", {})
     L = [
@@ -376,7 +375,7 @@ def agent_markdown(run: dict, timeline: str | None) -> str:
             ]
         )
     L += [
-        _table(
+        md_table(
             [
                 "mode",
                 "wall s",
@@ -409,7 +408,7 @@ def agent_markdown(run: dict, timeline: str | None) -> str:
             row += [_s(modes["warm"]["turns"][i]["tool_ms"], 1), _s(modes["warm"]["turns"][i]["tokens_per_step"], 2)]
             rows.append(row)
         L += [
-            _table(
+            md_table(
                 [
                     "turn",
                     "tool before it",
@@ -438,9 +437,7 @@ def plot_timeline(run: dict, path: Path) -> None:
     wait for the first block (its denoising), the later blocks."""
     from matplotlib.patches import Patch
 
-    from .report import _plt
-
-    plt = _plt()
+    plt = pyplot()
     rs = [r for r in run["replays"] if r.get("repeat", 0) == 0]
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(rs) + 1.8))
     parts = {"tool": ("#9e9e9e", "tool step"), "prefill": ("#d62728", "prefill (server)"),

@@ -60,7 +60,7 @@ def one_line_errors(f):
         except (QualityError, EvalCorpusError, ConvertError, RuntimeError_, RuntimeNotBuilt, ValueError) as e:
             raise click.ClickException(str(e)) from None
         except OSError as e:
-            from ..cli import os_error_line
+            from ..errors import os_error_line
 
             raise click.ClickException(os_error_line(e)) from None
 

@@ -27,6 +27,7 @@ from ..config import preset
 from ..outputs import save_figure, write_json, write_text
 from ..reference.generate import GenerationConfig
 from .metrics import spread
+from .render_helpers import config_markdown, md_table, pyplot, spread_cell
 
 HEADS = {  # lm_head variants: experts Q4_K, the rest Q8_0 | q4_k_m (Q6_K output)
     "q8_0": dict(recipe=None, outtype="q8_0", experts="q4_k"),
@@ -205,18 +206,14 @@ def run_passes(cfg: PassesConfig, log=print) -> dict:
 
 
 def _row(label: str, res: dict, key: str, unit_scale: float = 1.0, nd: int = 1) -> list:
-    from .report import _spread
-
     return [
         label,
-        _spread(res.get(f"{key}/clover"), unit_scale, nd),
-        _spread(res.get(f"{key}/upstream"), unit_scale, nd),
+        spread_cell(res.get(f"{key}/clover"), unit_scale, nd),
+        spread_cell(res.get(f"{key}/upstream"), unit_scale, nd),
     ]
 
 
 def passes_table(run: dict, cfg: dict) -> str:
-    from .report import _table
-
     res, rat = run["results"], run["ratios"]
     rows = [_row("commit, 32 tokens (ms)", res, "commit") + [f"{rat['commit']:.2f}", "≤ 1.00"]]
     for n in cfg["masked"]:
@@ -224,25 +221,22 @@ def passes_table(run: dict, cfg: dict) -> str:
             _row(f"denoising step, {n} masked rows (ms)", res, f"denoise{n}") + [f"{rat[f'denoise{n}']:.2f}", "≤ 1.10"]
         )
     rows.append(_row(f"prefill, {cfg['prefill']} tokens (tok/s)", res, "prefill") + [f"{rat['prefill']:.2f}", "≤ 1.05"])
-    from .report import _spread
 
     for st in cfg["steps"]:
         rows.append(
             [
                 f"generation, steps {st} (tok/s) vs upstream tg",
-                _spread(res.get(f"gen{st}/clover")),
-                _spread(res.get("tg/upstream")),
+                spread_cell(res.get(f"gen{st}/clover")),
+                spread_cell(res.get("tg/upstream")),
                 f"{1 / rat[f'gen{st}_vs_tg']:.2f}",
                 "–",
             ]
         )
     head = ["pass", "Clover median [p10–p90]", "upstream median [p10–p90]", "time ratio Clover/upstream", "target"]
-    return _table(head, rows)
+    return md_table(head, rows)
 
 
 def breakdown_table(runs: list[dict]) -> str:
-    from .report import _table
-
     rows = []
     for r in runs:
         for k, b in r["results"]["breakdown"].items():
@@ -270,13 +264,11 @@ def breakdown_table(runs: list[dict]) -> str:
         "steps on device",
         "commit ms/block",
     ]
-    return _table(head, rows)
+    return md_table(head, rows)
 
 
 def plot_passes(bundle: dict, path: Path) -> None:
-    from .report import _plt
-
-    plt = _plt()
+    plt = pyplot()
     runs = bundle["runs"]
     keys = [k for k in runs[0]["ratios"] if not k.startswith("gen")]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(keys) * len(runs) / 2), 4))
@@ -300,8 +292,6 @@ def plot_passes(bundle: dict, path: Path) -> None:
 
 
 def render_passes(bundle: dict, out: Path) -> Path:
-    from .report import config_markdown
-
     cfg = bundle["config"]
     md = ["# Clover's passes vs llama.cpp's own", "", __doc__.split("\n\n", 1)[1].strip(), ""]
     for r in bundle["runs"]:

@@ -12,45 +12,7 @@ import math
 from pathlib import Path
 
 from ..outputs import save_figure, write_text
-
-MiB = 1024 * 1024
-
-
-def _f(x, nd=4, pct=False):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    if pct:
-        v = 100 * x
-        if v != 0 and abs(v) < 0.1:
-            return f"{v:.2g}"
-        return f"{v:.{max(nd - 2, 1)}f}"
-    if isinstance(x, int):
-        return str(x)
-    if x != 0 and abs(x) < 10 ** (-nd):
-        return f"{x:.1e}"
-    return f"{x:.{nd}f}"
-
-
-def _table(head: list[str], rows: list[list]) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def _spread(s, scale=1.0, nd=2):
-    if not s or not s.get("n"):
-        return "–"
-    return f"{s['median'] * scale:.{nd}f} [{s['p10'] * scale:.{nd}f}–{s['p90'] * scale:.{nd}f}]"
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
+from .render_helpers import MiB, config_markdown, fmt_num, md_table, pyplot, spread_cell
 
 # ---- quality ------------------------------------------------------------------------------
 
@@ -107,25 +69,25 @@ def quality_table(q: dict) -> str:
             f"{m['bytes'] / MiB:.2f}",
             f"{m['bpw']:.2f}",
             prov,
-            _f(o["ref_nll_bits"]),
-            _f(o["q_nll_bits"]),
+            fmt_num(o["ref_nll_bits"]),
+            fmt_num(o["q_nll_bits"]),
             f"{o['delta_nll_bits']:+.4f}",
-            f"{_f(o['kl_mean'], 5)} ± {_f(o['kl_mean_se'], 5)}",
-            _f(o["kl_p99"]),
-            _f(o["kl_p999"]),
-            _f(o["kl_max"]),
-            _f(o["same_top1"], 4, pct=True),
-            _f(o["rms_dp"], 4, pct=True),
+            f"{fmt_num(o['kl_mean'], 5)} ± {fmt_num(o['kl_mean_se'], 5)}",
+            fmt_num(o["kl_p99"]),
+            fmt_num(o["kl_p999"]),
+            fmt_num(o["kl_max"]),
+            fmt_num(o["same_top1"], 4, pct=True),
+            fmt_num(o["rms_dp"], 4, pct=True),
         ]
         gen = r.get("generation", {})
         for g in gens:
             a = gen.get(g, {})
-            row += [_f(a.get("exact_match"), 3, pct=True), _f(a.get("mean_common_prefix"), 1)]
+            row += [fmt_num(a.get("exact_match"), 3, pct=True), fmt_num(a.get("mean_common_prefix"), 1)]
         if gens:
             a = gen.get(gens[-1], {})
-            row += [f"{_f(a.get('steps_per_block'), 2)} (ref {_f(a.get('ref_steps_per_block'), 2)})"]
+            row += [f"{fmt_num(a.get('steps_per_block'), 2)} (ref {fmt_num(a.get('ref_steps_per_block'), 2)})"]
         rows.append(row)
-    return _table(head, rows)
+    return md_table(head, rows)
 
 
 def calibration_table(q: dict) -> str:
@@ -137,12 +99,12 @@ def calibration_table(q: dict) -> str:
             [
                 m["name"],
                 prov,
-                _f(r["overall"]["kl_mean_bound"], 6),
-                _f(r["overall"]["kl_max_bound"], 6),
+                fmt_num(r["overall"]["kl_mean_bound"], 6),
+                fmt_num(r["overall"]["kl_max_bound"], 6),
                 cal.get("n", "–"),
-                _f(cal.get("kl_mean_full"), 6),
-                _f(cal.get("kl_mean_compact"), 6),
-                _f(cal.get("max_abs_error"), 6),
+                fmt_num(cal.get("kl_mean_full"), 6),
+                fmt_num(cal.get("kl_mean_compact"), 6),
+                fmt_num(cal.get("max_abs_error"), 6),
                 cal.get("bracket_holds", "–"),
             ]
         )
@@ -157,18 +119,18 @@ def calibration_table(q: dict) -> str:
         "calib max abs error",
         "bracket holds",
     ]
-    return _table(head, rows)
+    return md_table(head, rows)
 
 
 def ratio_table(q: dict) -> str:
     """KL mean and same-top-1 per mask ratio."""
     ratios = [f"{r:g}" for r in q["config"]["ratios"]]
-    return _table(
+    return md_table(
         ["file", "provider"] + [f"ρ={r}" for r in ratios] + [f"same top-1 % ρ={r}" for r in ratios],
         [
             [m["name"], prov]
-            + [_f(r["by_ratio"][x]["kl_mean"], 5) for x in ratios]
-            + [_f(r["by_ratio"][x]["same_top1"], 3, pct=True) for x in ratios]
+            + [fmt_num(r["by_ratio"][x]["kl_mean"], 5) for x in ratios]
+            + [fmt_num(r["by_ratio"][x]["same_top1"], 3, pct=True) for x in ratios]
             for m, prov, r in _rows_quality(q)
         ],
     )
@@ -177,15 +139,15 @@ def ratio_table(q: dict) -> str:
 def drift_table(q: dict) -> str:
     """KL, same-top-1 and ΔNLL by committed history length."""
     bins, rows = _bins(q, "by_history"), _rows_quality(q)
-    return _table(
+    return md_table(
         ["file", "provider", "metric"] + bins,
         [
-            [m["name"], prov, "KL mean"] + [_f(r["by_history"].get(b, {}).get("kl_mean"), 5) for b in bins]
+            [m["name"], prov, "KL mean"] + [fmt_num(r["by_history"].get(b, {}).get("kl_mean"), 5) for b in bins]
             for m, prov, r in rows
         ]
         + [
             [m["name"], prov, "same top-1 %"]
-            + [_f(r["by_history"].get(b, {}).get("same_top1"), 3, pct=True) for b in bins]
+            + [fmt_num(r["by_history"].get(b, {}).get("same_top1"), 3, pct=True) for b in bins]
             for m, prov, r in rows
         ]
         + [
@@ -199,14 +161,15 @@ def drift_table(q: dict) -> str:
 def probes_table(q: dict) -> str:
     """KL and same-top-1 of the recall probes by distance."""
     bins, rows, first = _bins(q, "probes"), _rows_quality(q), _first_result(q)
-    return _table(
+    return md_table(
         ["file", "provider", "metric"] + [f"{b} (n={first['probes'][b].get('n', 0)})" for b in bins],
         [
-            [m["name"], prov, "KL mean"] + [_f(r["probes"].get(b, {}).get("kl_mean"), 5) for b in bins]
+            [m["name"], prov, "KL mean"] + [fmt_num(r["probes"].get(b, {}).get("kl_mean"), 5) for b in bins]
             for m, prov, r in rows
         ]
         + [
-            [m["name"], prov, "same top-1 %"] + [_f(r["probes"].get(b, {}).get("same_top1"), 3, pct=True) for b in bins]
+            [m["name"], prov, "same top-1 %"]
+            + [fmt_num(r["probes"].get(b, {}).get("same_top1"), 3, pct=True) for b in bins]
             for m, prov, r in rows
         ],
     )
@@ -248,7 +211,7 @@ def quality_markdown(q: dict, plots: dict) -> str:
         f"Reference logits are stored compactly (top-{cm.get('top_k')} logits + log-sum-exp + true-token "
         f"log-prob per position). KL is computed with the tail beyond the top-k lumped into one outcome, a lower "
         f"bound; the true mean KL lies in [KL mean, KL mean + bound] with the bound below (reference tail mass: "
-        f"mean {_f(cm.get('tail_mass_mean'), 5)}, p99 {_f(cm.get('tail_mass_p99'), 5)})."
+        f"mean {fmt_num(cm.get('tail_mass_mean'), 5)}, p99 {fmt_num(cm.get('tail_mass_p99'), 5)})."
     )
     L.append(
         "Calibration: on up to 1024 positions of the first window the full reference logits are kept, so the "
@@ -285,7 +248,7 @@ def quality_markdown(q: dict, plots: dict) -> str:
 
 
 def plot_pareto(q: dict, path: Path, sens: dict | None = None) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     pts = []
     for m, prov, r in _rows_quality(q):
@@ -318,7 +281,7 @@ def plot_pareto(q: dict, path: Path, sens: dict | None = None) -> None:
 
 
 def plot_drift(q: dict, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for m, prov, r in _rows_quality(q):
         bins = list(r["by_history"])
@@ -356,11 +319,11 @@ def sensitivity_table(s: dict) -> str:
                 f"{g['group_bytes_base'] / MiB:.3f}",
                 f"{g['group_bytes_q'] / MiB:.3f}",
                 f"{(g['group_bytes_base'] - g['group_bytes_q']) / MiB:.3f}",
-                _f(o["kl_mean"], 6),
-                _f(o["kl_p99"], 5),
-                _f(o["same_top1"], 3, pct=True),
+                fmt_num(o["kl_mean"], 6),
+                fmt_num(o["kl_p99"], 5),
+                fmt_num(o["same_top1"], 3, pct=True),
                 f"{o['delta_nll_bits']:+.5f}",
-                _f(g.get("kl_per_mib_saved"), 6),
+                fmt_num(g.get("kl_per_mib_saved"), 6),
             ]
         )
     head = [
@@ -376,7 +339,7 @@ def sensitivity_table(s: dict) -> str:
         "ΔNLL bits",
         "KL per MiB saved",
     ]
-    return _table(head, rows)
+    return md_table(head, rows)
 
 
 def sensitivity_markdown(s: dict, plots: dict) -> str:
@@ -397,7 +360,7 @@ def sensitivity_markdown(s: dict, plots: dict) -> str:
 
 
 def plot_sensitivity(s: dict, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     gs = s["groups"]
     ax.bar([g["group"] for g in gs], [max(g["overall"]["kl_mean"], 1e-9) for g in gs])
@@ -448,26 +411,26 @@ def speed_table(sp: dict) -> str:
         row = [t["name"], t["backend"]]
         for key, _, sc, nd in SPEED_FIELDS:
             v = t.get(key) if key in ("load_cold_s", "load_warm_s", "peak_rss_mib") else b.get(key)
-            row.append(_spread(v, sc, nd) if isinstance(v, dict) else _f(v, nd))
+            row.append(spread_cell(v, sc, nd) if isinstance(v, dict) else fmt_num(v, nd))
         g = (b.get("gen_tps") or {}).get("median")
         row.append(f"{g / ref_gen:.2f}×" if g and ref_gen else "–")
         rows.append(row)
-    return _table(["file", "backend"] + [h for _, h, _, _ in SPEED_FIELDS] + ["gen speedup vs PyTorch BF16"], rows)
+    return md_table(["file", "backend"] + [h for _, h, _, _ in SPEED_FIELDS] + ["gen speedup vs PyTorch BF16"], rows)
 
 
 def sweep_table(param: str, pts: list[dict]) -> str:
     """One row per value of a swept parameter."""
-    return _table(
+    return md_table(
         [param, "prompt tok/s", "gen tok/s", "ms/step", "steps/block", "tok/step", "first block ms"],
         [
             [
                 p["value"],
-                _spread(p["prompt_tps"], 1, 1),
-                _spread(p["gen_tps"], 1, 1),
-                _spread(p["ms_per_step"], 1, 2),
-                _spread(p["steps_per_block"], 1, 2),
-                _spread(p["tokens_per_step"], 1, 2),
-                _spread(p["ttfb_ms"], 1, 1),
+                spread_cell(p["prompt_tps"], 1, 1),
+                spread_cell(p["gen_tps"], 1, 1),
+                spread_cell(p["ms_per_step"], 1, 2),
+                spread_cell(p["steps_per_block"], 1, 2),
+                spread_cell(p["tokens_per_step"], 1, 2),
+                spread_cell(p["ttfb_ms"], 1, 1),
             ]
             for p in pts
         ],
@@ -504,7 +467,7 @@ def speed_markdown(sp: dict, plots: dict) -> str:
 
 
 def plot_speed(sp: dict, path: Path) -> bool:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     any_ = False
     for t in sp["targets"]:
@@ -531,41 +494,6 @@ def plot_speed(sp: dict, path: Path) -> bool:
     save_figure(fig, path)
     plt.close(fig)
     return True
-
-
-# ---- configuration ------------------------------------------------------------------------------
-
-
-def config_markdown(env: dict) -> str:
-    cpu, sw, ll = env.get("cpu", {}), env.get("software", {}), env.get("llama_cpp", {})
-    gpu = env.get("gpu") or []
-    L = [
-        "## Configuration",
-        "",
-        f"- created: {env.get('created_utc')}; command: `{env.get('command')}`",
-        f"- CPU: {cpu.get('model')}, {cpu.get('usable_cores')} usable of {cpu.get('logical_cores')} logical cores, "
-        f"{cpu.get('memory_gib')} GiB RAM, load average at start {cpu.get('loadavg_at_start')}",
-        "- GPU: " + ("; ".join(f"{g['name']} (driver {g['driver']}, {g['memory']})" for g in gpu) if gpu else "none"),
-        f"- threads: {env.get('threads')}",
-        f"- software: Python {sw.get('python')}, torch {sw.get('torch')}, numpy {sw.get('numpy')}, gguf-py {sw.get('gguf_py')}, "
-        f"clover-gguf {sw.get('clover_gguf')} (git {sw.get('git_commit')}), {sw.get('os')}",
-    ]
-    if ll.get("built"):
-        st = ll.get("stamp", {})
-        opts = st.get("options", {})
-        flags = [a for a in st.get("cmake_args", []) if a.startswith("-D")]
-        L.append(
-            f"- llama.cpp runtime: llama.cpp commit {ll.get('llama_cpp_commit')} (llama-cpp-python "
-            f"{ll.get('llama_cpp_python')}), patch series sha256 {st.get('series_sha256') or ll.get('patch_series_hash')} "
-            f"({len(st.get('patches', []))} patches), CUDA {'on' if opts.get('cuda') else 'off'}, compiler "
-            f"{ll.get('compiler')}, target {ll.get('build_target')}; cmake: `{' '.join(flags)}`"
-        )
-    else:
-        L.append(
-            f"- llama.cpp runtime: not built ({ll.get('why', 'no build stamp')}); patch series hash "
-            f"{ll.get('patch_series_hash')}"
-        )
-    return "\n".join(L) + "\n"
 
 
 # ---- summary (the README table) ----------------------------------------------------------------
@@ -598,13 +526,15 @@ def summary_table(secs: dict) -> str:
             f"{m['bytes'] / MiB:.2f}",
             f"{m['bpw']:.2f}",
             prov,
-            _f(o["kl_mean"], 5),
-            _f(o["kl_p99"], 4),
-            _f(o["same_top1"], 3, pct=True),
+            fmt_num(o["kl_mean"], 5),
+            fmt_num(o["kl_p99"], 4),
+            fmt_num(o["same_top1"], 3, pct=True),
             f"{o['delta_nll_bits']:+.4f}",
         ]
         if gens:
-            row.append(_f(m["providers"][prov].get("generation", {}).get(gens[-1], {}).get("exact_match"), 3, pct=True))
+            row.append(
+                fmt_num(m["providers"][prov].get("generation", {}).get(gens[-1], {}).get("exact_match"), 3, pct=True)
+            )
         if speed:
             sp = next(((v, b) for (n, b), v in speed.items() if n == m["name"] and b == "runtime"), None) or next(
                 ((v, b) for (n, b), v in speed.items() if n == m["name"]), None
@@ -617,7 +547,7 @@ def summary_table(secs: dict) -> str:
             + (["100.0"] if gens else [])
             + [f"{ref_tps['median']:.1f} (reference-bf16)"]
         )
-    return _table(head, rows)
+    return md_table(head, rows)
 
 
 # ---- entry points ---------------------------------------------------------------------------------

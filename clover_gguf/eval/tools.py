@@ -34,10 +34,9 @@ from pathlib import Path
 from ..reference.generate import GenerationConfig
 from ..tokenizer import END_TOOL_CALL, TOOL_CALL
 from .metrics import spread
+from .tool_blocks import BLOCK_CLASSES, IM_END, block_steps, gen_config, token_labels
 
-IM_END = "<|im_end|>"
 MODES = ("free", "constrained")
-BLOCK_CLASSES = ("call", "prose", "think")
 
 
 @dataclass
@@ -212,52 +211,7 @@ def match_calls(expected: list[dict], emitted: list[dict]) -> list[dict | None]:
     return out
 
 
-def token_labels(pieces: list[str], thinking: bool) -> list[str]:
-    """call / think / prose / end for each generated token (by where its text starts): inside a
-    `<tool_call>` section, inside the think block, elsewhere, or after the end of the turn."""
-    text = "".join(pieces)
-    spans = [(m.start(), m.end(), "call") for m in re.finditer(re.escape(TOOL_CALL) + r".*?(" + re.escape(END_TOOL_CALL) + r"|$)", text, re.S)]  # fmt: skip
-    if thinking and text.lstrip().startswith("<think>"):
-        spans.append((0, text.find("</think>") + len("</think>") if "</think>" in text else len(text), "think"))
-    end = text.find(IM_END)
-    out, pos = [], 0
-    for p in pieces:
-        lab = "end" if 0 <= end < pos + 1 else next((k for a, b, k in spans if a <= pos < b), "prose")
-        out.append(lab)
-        pos += len(p)
-    return out
-
-
-def block_steps(result, labels: list[str]) -> dict:
-    """Per block class: (tokens, steps) summed over the blocks whose tokens are mostly of it."""
-    out = {k: [0, 0] for k in BLOCK_CLASSES}
-    i = 0
-    for b in result.blocks:
-        labs = labels[i : i + b.n_tokens]
-        i += b.n_tokens
-        kinds = [x for x in labs if x != "end"]
-        if not kinds:
-            continue
-        k = max(BLOCK_CLASSES, key=kinds.count)
-        out[k][0] += b.n_tokens
-        out[k][1] += b.steps
-    return out
-
-
 # ----------------------------------------------------------------------------- one turn
-
-
-def gen_config(dec, cfg: ToolsConfig, seed: int, max_new_tokens: int | None = None) -> GenerationConfig:
-    return GenerationConfig(
-        max_new_tokens=max_new_tokens or cfg.max_new_tokens,
-        block_size=cfg.block_size or dec.block_size,
-        steps=cfg.steps,
-        threshold=None if cfg.steps else cfg.threshold,
-        temperature=cfg.temperature,
-        seed=seed,
-        mask_token_id=dec.mask,
-        eos_token_id=dec.eos,
-    )
 
 
 def constrain(dec, g: GenerationConfig, turn: dict) -> GenerationConfig:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .render_helpers import config_markdown, md_table, pyplot
+
 PCT_FIGURES = [
     ("valid_calls", "valid calls %"),
     ("name_accuracy", "right name %"),
@@ -27,8 +29,6 @@ def _v(s: dict, scale: float = 1.0, nd: int = 1) -> str:
 
 
 def figures_table(run: dict) -> str:
-    from .report import _table
-
     rows = []
     for t in run["targets"]:
         for mode, s in t["modes"].items():
@@ -40,12 +40,10 @@ def figures_table(run: dict) -> str:
                 + [f"{c['expected_calls']} / {c['turns_expecting_none']}"]
             )
     head = ["file", "decoding"] + [h for _, h in PCT_FIGURES] + [h for _, h in TPS_FIGURES] + ["calls / no-call turns"]
-    return _table(head, rows)
+    return md_table(head, rows)
 
 
 def stability_table(run: dict) -> str:
-    from .report import _table
-
     def pct(a):
         return f"{100 * a['blocks_revised'] / a['blocks']:.1f} ({a['blocks']})" if a["blocks"] else "–"
 
@@ -58,7 +56,7 @@ def stability_table(run: dict) -> str:
             )
     head = ["file", "schedule", "blocks revised % (blocks)", "call blocks", "prose blocks", "think blocks",
             "positions revised %"]  # fmt: skip
-    return _table(head, rows)
+    return md_table(head, rows)
 
 
 def examples(run: dict, n: int = 3) -> list[str]:
@@ -76,8 +74,6 @@ def examples(run: dict, n: int = 3) -> list[str]:
 
 
 def tools_markdown(run: dict, plot: str | None) -> str:
-    from .report import config_markdown
-
     c = run["config"]
     sched = f"steps {c['steps']}" if c["steps"] else f"threshold {c['threshold']}"
     L = [
@@ -117,9 +113,7 @@ def tools_markdown(run: dict, plot: str | None) -> str:
 
 
 def plot_tools(run: dict, path: Path) -> None:
-    from .report import _plt
-
-    plt = _plt()
+    plt = pyplot()
     rows = [(f"{t['name']}\n{m}", s) for t in run["targets"] for m, s in t["modes"].items()]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 0.5 * len(rows) + 2.2))
     keys = [("valid_calls", "valid calls"), ("name_accuracy", "right name"), ("calls_where_none_expected", "calls where none expected")]  # fmt: skip

@@ -53,6 +53,6 @@ def converted(reference, path, log=print, **options) -> Path:
             pass
     log(f"convert {path.name}: {options}")
     stamp_path.unlink(missing_ok=True)
-    convert(reference, path, force=True, progress=False, log=lambda *a, **k: None, **options)
+    convert(reference, path, force=True, progress=False, **options)
     write_json(stamp_path, stamp)
     return path

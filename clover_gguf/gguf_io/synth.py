@@ -124,7 +124,7 @@ def write_synthetic(
 POOL_ROWS = 64  # distinct quantized rows per (tensor kind); tensors repeat them in random order
 
 
-class _SyntheticSource:
+class SyntheticSource:
     """What the converter's plan reads from a checkpoint, for a config alone (fused experts,
     BF16): the names and shapes the config implies."""
 
@@ -191,7 +191,7 @@ def write_synthetic_gguf(
     if layers is not None:
         config = CloverConfig.from_dict({**config.to_dict(), "num_hidden_layers": layers})
     threads = threads or default_threads()
-    source = _SyntheticSource(config, out.parent)
+    source = SyntheticSource(config, out.parent)
     plan = build_plan(source, TypeRules.make(outtype, experts, None, recipe))
     kv = metadata(plan, placeholder_vocab(config), True, name=f"synthetic-{out.stem}")
 

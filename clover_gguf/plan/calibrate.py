@@ -31,11 +31,11 @@ def gguf_plan(path: Path):
     """(config, converter plan with the GGUF's own tensor types)."""
     from ..convert.plan import Plan, PlanEntry
     from ..gguf_io.reader import config_from_reader, open_gguf
-    from ..gguf_io.synth import _SyntheticSource
+    from ..gguf_io.synth import SyntheticSource
 
     r = open_gguf(path)
     cfg = config_from_reader(r, path)
-    base = build_plan(_SyntheticSource(cfg, path.parent), TypeRules.make("f32", "f32"))
+    base = build_plan(SyntheticSource(cfg, path.parent), TypeRules.make("f32", "f32"))
     types = {t.name: t.tensor_type for t in r.tensors}
     nbytes = {t.name: int(t.n_bytes) for t in r.tensors}
     entries = []

@@ -205,3 +205,26 @@ def parse_fit_recipe(recipe: str | None) -> int | None:
     from .sizes import parse_size
 
     return parse_size(recipe[4:], "--recipe fit:SIZE")
+
+
+def budget_rules(
+    model_dir, recipe: str | None, outtype=None, experts=None, tensor_types=None, with_imatrix=False, log=print
+):
+    """The explicit type rules of a budget recipe (``fit:16GiB``) for the checkpoint in
+    model_dir, for ``convert(rules=...)``; None for any other recipe (convert resolves those).
+    Without an imatrix, no type that needs one. The fit's table goes to ``log``."""
+    from ..convert.converter import open_checkpoint
+
+    budget = parse_fit_recipe(recipe)
+    if budget is None:
+        return None
+    ck = open_checkpoint(Path(model_dir))
+    if outtype or experts or tensor_types:
+        raise PlanError(f"--recipe {recipe} chooses every group's type: drop --outtype/--experts/--tensor-type")
+    cands = EXPERT_CANDIDATES if with_imatrix else tuple(t for t in EXPERT_CANDIDATES if t != "iq2_s")
+    res = fit_budget(Source(ck.config, str(ck.dir), str(ck.dir), ck), budget, expert_candidates=cands)
+    for line in res.format().splitlines():
+        log(f"fit: {line}")
+    rules = res.types.rules()
+    rules.recipe = recipe
+    return rules

@@ -40,12 +40,12 @@ class Source:
     config: CloverConfig
     label: str  # what the user gave (a folder, a .gguf, a preset)
     convert_arg: str  # MODEL_DIR in the printed convert line
-    ck: object  # Checkpoint or synth._SyntheticSource (names, shapes, dtypes)
+    ck: object  # Checkpoint or synth.SyntheticSource (names, shapes, dtypes)
     path: Path | None = None  # the model folder or GGUF file (None for --shape)
 
 
 def open_source(model: str | None, shape: str | None = None, layers: int | None = None) -> Source:
-    from ..gguf_io.synth import _SyntheticSource
+    from ..gguf_io.synth import SyntheticSource
 
     if (model is None) == (shape is None):
         raise PlanError("give MODEL_DIR, MODEL.gguf or --shape NAME (one of them)")
@@ -81,7 +81,7 @@ def open_source(model: str | None, shape: str | None = None, layers: int | None 
     if layers is not None:
         cfg = CloverConfig.from_dict({**cfg.to_dict(), "num_hidden_layers": layers})
         path = None
-    return Source(cfg, label, arg, _SyntheticSource(cfg, Path(".")), path)
+    return Source(cfg, label, arg, SyntheticSource(cfg, Path(".")), path)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ def status_mib(key):
             return int(line.split()[1]) / 1024
 
 small, big, out = sys.argv[1:4]
-kw = dict(outtype="q8_0", experts="q4_k", threads=2, force=True, progress=False, log=lambda *a, **k: None)
+kw = dict(outtype="q8_0", experts="q4_k", threads=2, force=True, progress=False)
 convert(small, out, **kw)
 gc.collect()
 with open("/proc/self/clear_refs", "w") as f:  # restart the high-water mark (VmHWM) from here

@@ -14,12 +14,12 @@ def quality_run(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("q")
     for r in ("bf16", "q4_0"):
-        convert(RC, d / f"rc-{r}.gguf", recipe=r, progress=False, log=lambda *a, **k: None)
+        convert(RC, d / f"rc-{r}.gguf", recipe=r, progress=False)
     (d / "p.jsonl").write_text(json.dumps({"id": "a", "ids": [3, 14, 15, 9, 2, 6]}) + "\n")
     sampling = Sampling(docs=docs(), n_windows=2, n_blocks=6, ratios=(0.5, 1.0), top_k=32)
     gen = Generation(prompts=d / "p.jsonl", max_new_tokens=8)
     ggufs = [d / "rc-bf16.gguf", d / "rc-q4_0.gguf"]
-    run = run_quality(RC, ggufs, sampling, gen, "reference", d / "out", log=lambda *a: None).to_dict()
+    run = run_quality(RC, ggufs, sampling, gen, "reference", d / "out").to_dict()
     (d / "first-quality.json").write_text((d / "out" / "quality.json").read_text())
     logs = []
     run2 = run_quality(RC, ggufs[:1], sampling, Generation(enabled=False), "reference", d / "out", log=logs.append)

@@ -127,7 +127,7 @@ def tiny_q8(tmp_path_factory):
     from clover_gguf.convert.converter import convert
 
     d = tmp_path_factory.mktemp("tools")
-    convert(DEFAULT_MODEL, d / "tiny-q8_0.gguf", recipe="q8_0", progress=False, log=lambda *a, **k: None)
+    convert(DEFAULT_MODEL, d / "tiny-q8_0.gguf", recipe="q8_0", progress=False)
     return d / "tiny-q8_0.gguf"
 
 
@@ -140,7 +140,7 @@ def test_run_on_clover_tiny(tiny_q8, tmp_path):
     (held / "heldout.jsonl").write_text(json.dumps(rows[0]) + "\n")
     shutil.copy(T.HELDOUT_DIR / "tools.json", held / "tools.json")
     cfg = E.ToolsConfig(heldout=str(held / "heldout.jsonl"), max_new_tokens=24, stability_turns=1, threads=1)
-    run = E.run_tools(DEFAULT_MODEL, [str(tiny_q8)], cfg, tmp_path / "out", log=lambda *a: None)
+    run = E.run_tools(DEFAULT_MODEL, [str(tiny_q8)], cfg, tmp_path / "out")
     n_turns = len(T.assistant_turns(rows[0]))
     assert [list(t["modes"]) for t in run["targets"]] == [["free"], ["free", "constrained"]]
     for t in run["targets"]:

@@ -17,5 +17,5 @@ from clover_gguf.convert.converter import convert  # noqa: E402
 def tiny_gguf(tmp_path_factory):
     """clover-tiny at Q8_0, converted once."""
     out = tmp_path_factory.mktemp("tiny") / "tiny-q8_0.gguf"
-    convert(TINY, out, recipe="q8_0", progress=False, log=lambda *a: None)
+    convert(TINY, out, recipe="q8_0", progress=False)
     return out

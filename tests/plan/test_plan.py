@@ -16,7 +16,7 @@ from convert_helpers import TINY, write_synth  # noqa: E402
 from clover_gguf.cli import cli  # noqa: E402
 from clover_gguf.convert.converter import convert  # noqa: E402
 from clover_gguf.plan import cost, make_plan  # noqa: E402
-from clover_gguf.plan.fit import Curves, fit_budget  # noqa: E402
+from clover_gguf.plan.fit import Curves, budget_rules, fit_budget  # noqa: E402
 from clover_gguf.plan.gpus import GPUS, find_gpu  # noqa: E402
 from clover_gguf.plan.sizes import GroupTypes, PlanError, exact_plan, open_source, parse_size  # noqa: E402
 
@@ -118,12 +118,12 @@ def test_fit_within_budget_35b():
 
 def test_fit_dry_run_within_budget(tmp_path):
     budget = "10MiB"
-    plan = convert(TINY, None, recipe=f"fit:{budget}", dry_run=True, log=lambda *a: None).plan
+    plan = convert(TINY, None, rules=budget_rules(TINY, f"fit:{budget}", log=lambda *a: None), dry_run=True).plan
     assert plan.total_bytes <= parse_size(budget)
     assert plan.rules.recipe == f"fit:{budget}"
     # a budget below the smallest recipe is one clean error
     with pytest.raises(Exception, match="no recipe fits"):
-        convert(TINY, None, recipe="fit:1MiB", dry_run=True, log=lambda *a: None)
+        budget_rules(TINY, "fit:1MiB", log=lambda *a: None)
 
 
 def test_curves_monotone_and_extrapolated():
@@ -209,10 +209,10 @@ def test_fit_real_file_within_budget(tmp_path):
     upper bound), and the types are what the fit chose."""
     out = tmp_path / "fit.gguf"
     notes = []
-    res = convert(TINY, out, recipe="fit:9MiB", progress=False, log=notes.append)
+    res = convert(TINY, out, rules=budget_rules(TINY, "fit:9MiB", log=notes.append), progress=False)
     assert out.stat().st_size <= 9 * 2**20
     assert any(n.startswith("fit: total") for n in notes)
-    dry = convert(TINY, None, recipe="fit:9MiB", dry_run=True, log=lambda *a: None).plan
+    dry = convert(TINY, None, rules=budget_rules(TINY, "fit:9MiB", log=lambda *a: None), dry_run=True).plan
     assert [e.qtype for e in dry.entries] == [e.qtype for e in res.plan.entries]
 
 

@@ -32,7 +32,7 @@ def rt(tmp_path_factory):
     from clover_gguf.runtime.runtime import CloverRuntime
 
     gguf = tmp_path_factory.mktemp("constrained") / "clover-tiny-q4_k.gguf"
-    convert(TINY, gguf, recipe="q4_k", progress=False, log=lambda *a, **k: None)
+    convert(TINY, gguf, recipe="q4_k", progress=False)
     r = CloverRuntime(gguf, n_threads=1)
     yield r
     r.close()

@@ -39,7 +39,7 @@ def gguf(tmp_path_factory):
     from clover_gguf.convert.converter import convert
 
     out = tmp_path_factory.mktemp("rpc") / "clover-tiny-q4_k.gguf"
-    convert(TINY, out, progress=False, log=lambda *a, **k: None)
+    convert(TINY, out, progress=False)
     return out
 
 

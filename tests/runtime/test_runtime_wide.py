@@ -50,7 +50,7 @@ def wide(tmp_path_factory):
     )
     write_synthetic(d / "hf", cfg, progress=False, seed=11)
     gguf = d / "wide.gguf"
-    convert(d / "hf", gguf, outtype="f32", experts="q4_k", progress=False, log=lambda *a, **k: None)
+    convert(d / "hf", gguf, outtype="f32", experts="q4_k", progress=False)
     types = {t.name: t.tensor_type.name for t in GGUFReader(gguf).tensors}
     assert types["blk.0.ffn_down_exps.weight"] == "Q4_K" and types["blk.0.attn_q.weight"] == "F32"
     gcfg, tensors = load_gguf_as_hf_tensors(gguf)

@@ -33,7 +33,7 @@ def tiny_gguf(tmp_path_factory):
 
     assert (TINY / "config.json").exists(), f"{TINY} has no trained checkpoint"
     out = tmp_path_factory.mktemp("serve") / "clover-tiny-bf16.gguf"
-    convert(TINY, out, recipe="bf16", progress=False, log=lambda *a, **k: None)
+    convert(TINY, out, recipe="bf16", progress=False)
     return out
 
 

@@ -1,0 +1,58 @@
+"""The parts of a generated tools turn (eval/tools.py, eval/stability.py): which block class a
+token is in (a tool call, thinking, prose), the steps each class took, and a turn's
+generation config."""
+
+from __future__ import annotations
+
+import re
+
+from ..reference.generate import GenerationConfig
+from ..tokenizer import END_TOOL_CALL, TOOL_CALL
+
+IM_END = "<|im_end|>"
+BLOCK_CLASSES = ("call", "prose", "think")
+
+
+def token_labels(pieces: list[str], thinking: bool) -> list[str]:
+    """call / think / prose / end for each generated token (by where its text starts): inside a
+    `<tool_call>` section, inside the think block, elsewhere, or after the end of the turn."""
+    text = "".join(pieces)
+    spans = [(m.start(), m.end(), "call") for m in re.finditer(re.escape(TOOL_CALL) + r".*?(" + re.escape(END_TOOL_CALL) + r"|$)", text, re.S)]  # fmt: skip
+    if thinking and text.lstrip().startswith("<think>"):
+        spans.append((0, text.find("</think>") + len("</think>") if "</think>" in text else len(text), "think"))
+    end = text.find(IM_END)
+    out, pos = [], 0
+    for p in pieces:
+        lab = "end" if 0 <= end < pos + 1 else next((k for a, b, k in spans if a <= pos < b), "prose")
+        out.append(lab)
+        pos += len(p)
+    return out
+
+
+def block_steps(result, labels: list[str]) -> dict:
+    """Per block class: (tokens, steps) summed over the blocks whose tokens are mostly of it."""
+    out = {k: [0, 0] for k in BLOCK_CLASSES}
+    i = 0
+    for b in result.blocks:
+        labs = labels[i : i + b.n_tokens]
+        i += b.n_tokens
+        kinds = [x for x in labs if x != "end"]
+        if not kinds:
+            continue
+        k = max(BLOCK_CLASSES, key=kinds.count)
+        out[k][0] += b.n_tokens
+        out[k][1] += b.steps
+    return out
+
+
+def gen_config(dec, cfg, seed: int, max_new_tokens: int | None = None) -> GenerationConfig:
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens or cfg.max_new_tokens,
+        block_size=cfg.block_size or dec.block_size,
+        steps=cfg.steps,
+        threshold=None if cfg.steps else cfg.threshold,
+        temperature=cfg.temperature,
+        seed=seed,
+        mask_token_id=dec.mask,
+        eos_token_id=dec.eos,
+    )

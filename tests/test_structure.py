@@ -1,0 +1,143 @@
+"""The shape of the package: clover_gguf/'s import graph has no cycles, and no module imports a
+private (``_name``) name of another package.
+
+Every import counts, a function's deferred import too: a cycle through a deferred import is
+still a circle a reader has to hold in their head. A module's edge to its own parent packages
+(``from . import ConvertError`` inside convert/) is not an edge of the graph."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "clover_gguf"
+
+
+def modules(root: Path = PKG) -> dict[str, tuple[Path, bool]]:
+    """dotted name -> (file, is a package)."""
+    out = {}
+    for p in sorted(root.rglob("*.py")):
+        parts = list(p.relative_to(root.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_pkg else parts)] = (p, is_pkg)
+    return out
+
+
+def imports(mods: dict[str, tuple[Path, bool]]) -> list[tuple[str, str, str | None, int]]:
+    """(importer, imported module, imported name or None, line) for every import of a module of
+    the package, relative ones resolved; ``from pkg import mod`` is an import of pkg.mod."""
+    top = next(iter(mods)).split(".")[0]
+    out = []
+    for name, (path, is_pkg) in mods.items():
+        here = name if is_pkg else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out += [(name, a.name, None, node.lineno) for a in node.names if a.name.split(".")[0] == top]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                if mod.split(".")[0] != top:
+                    continue
+                for a in node.names:
+                    sub = f"{mod}.{a.name}"
+                    out.append((name, sub, None, node.lineno) if sub in mods else (name, mod, a.name, node.lineno))
+    return out
+
+
+def graph(mods, imps) -> dict[str, set[str]]:
+    g: dict[str, set[str]] = {m: set() for m in mods}
+    for src, dst, _, _ in imps:
+        if dst in mods and dst != src and not src.startswith(dst + "."):
+            g[src].add(dst)
+    return g
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def package_of(name: str, mods) -> str:
+    return name if mods[name][1] else name.rpartition(".")[0]
+
+
+@pytest.fixture(scope="module")
+def parsed():
+    mods = modules()
+    return mods, imports(mods)
+
+
+def test_the_walk_sees_the_package(parsed):
+    mods, imps = parsed
+    g = graph(mods, imps)
+    assert len(mods) > 80
+    assert "clover_gguf.convert.converter" in g["clover_gguf.cli"]  # a deferred import inside a command
+    assert "clover_gguf.convert.pipeline" in g["clover_gguf.convert.converter"]  # a relative one
+    assert "clover_gguf.convert" not in g["clover_gguf.convert.converter"]  # its own package: no edge
+
+
+def test_the_cycle_finder_finds_cycles():
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert cycles(g) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles(parsed):
+    mods, imps = parsed
+    found = cycles(graph(mods, imps))
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_private_name_from_another_package(parsed):
+    mods, imps = parsed
+    bad = [
+        f"{src} (line {line}) imports {name} from {dst}"
+        for src, dst, name, line in imps
+        if name
+        and name.startswith("_")
+        and not name.startswith("__")
+        and dst in mods
+        and package_of(dst, mods) != package_of(src, mods)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_plan_sits_above_convert(parsed):
+    """The planner reads the converter's plan; the converter never asks the planner."""
+    mods, imps = parsed
+    bad = [
+        f"{s} imports {d}"
+        for s, d, _, _ in imps
+        if s.startswith("clover_gguf.convert") and d.startswith("clover_gguf.plan")
+    ]
+    assert not bad, bad
