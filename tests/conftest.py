@@ -50,6 +50,7 @@ RUNTIME_TESTS = (
     "tests/test_nonfinite.py::test_gguf_run_stops_naming_the_tensor",
     "tests/test_nonfinite.py::test_runtime_python_loop_and_batch",
     "tests/test_nonfinite.py::test_healthy_model_debug_pass_finds_nothing",
+    "tests/test_nonfinite.py::test_one_minus_inf_logit_stops_generation",
     "tests/test_messages.py::test_run_under_an_address_space_limit",
 )
 

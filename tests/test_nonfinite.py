@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 from click.testing import CliRunner
-from testdata import TINY, VECTORS
+from testdata import REPO, TINY, VECTORS
 
 from clover_gguf.checkpoint import Checkpoint
 from clover_gguf.cli import cli
@@ -171,3 +171,24 @@ def test_healthy_model_debug_pass_finds_nothing(tmp_path):
     found, checked = first_nonfinite(rt, [([1, 2, 3, 4, 5], 8)], [rt.mask_token_id] * 8)
     assert found is None and checked > 50
     rt.close()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"n_probs": 2}, {"temperature": 0.7, "top_k": 5}],
+    ids=["graph-candidate", "host-top-probs", "host-top-k"],
+)
+def test_one_minus_inf_logit_stops_generation(kw):
+    """Found by the seed-7 GGUF fuzz campaign (tests/data/fuzz/nonfinite-neginf-*): a huge BF16
+    weight in one element of output.weight made one logit -Inf at one position, which the
+    candidate's probability did not show (exp(-Inf) = 0), and generation went on with exit 0.
+    Every candidate path, ggml_gumbel_argmax's in the graph and the host's, refuses such a row."""
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    rt = CloverRuntime(REPO / "tests" / "data" / "fuzz" / "nonfinite-neginf-16bf63b787e7.gguf", n_threads=1)
+    try:
+        cfg = GenerationConfig(max_new_tokens=16, block_size=rt.default_block_size, **kw)
+        with pytest.raises(NonFiniteError, match=r"non-finite logits in a denoising step \(sequence 0, block 0"):
+            rt.generate(list(range(1, 12)), cfg)
+    finally:
+        rt.close()
