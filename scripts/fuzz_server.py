@@ -329,7 +329,7 @@ class Target:
             from clover_gguf.convert.converter import convert
 
             convert(
-                REPO / "models" / "clover-tiny", self.model, recipe="bf16", progress=False, log=lambda *a, **k: None
+                REPO / "models" / "clover-tiny", self.model, recipe="bf16", progress=False
             )
         self.key = API_KEY
         log = self.log.with_name(f"{self.log.stem}-{len(self.logs)}{self.log.suffix}")

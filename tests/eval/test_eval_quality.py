@@ -97,7 +97,6 @@ def test_runtime_provider_matches_reference_on_f32_weights(tmp_path):
         experts="bf16",
         tensor_types=[("ffn_.*_exps", "f32")],
         progress=False,
-        log=lambda *a, **k: None,
     )
     rt, m = open_runtime(f, 2), load_dequantized(f)
     g = torch.Generator().manual_seed(0)

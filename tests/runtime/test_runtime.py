@@ -39,7 +39,7 @@ def convert_f32(model_dir: Path, out: Path) -> Path:
     """model_dir -> F32 GGUF (the experts F32 too when the converter allows it)."""
     from clover_gguf.convert.converter import convert
 
-    kw = dict(outtype="f32", force=True, progress=False, log=lambda *a, **k: None)
+    kw = dict(outtype="f32", force=True, progress=False)
     last = None
     for extra in (dict(experts="f32"), dict(experts="bf16", tensor_types=[r"ffn_.*_exps=f32"]), dict(experts="bf16")):
         try:
