@@ -1,4 +1,4 @@
-"""safetensors -> GGUF: validate (converter.py), plan (plan.py), write (pipeline.py + metadata.py)."""
+"""safetensors -> GGUF: validate (converter.py), plan (tensor_plan.py), write (pipeline.py + metadata.py)."""
 
 
 class ConvertError(RuntimeError):

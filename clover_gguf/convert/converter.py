@@ -6,7 +6,7 @@
    and dtypes (checkpoint.Checkpoint.validate), the type rules, the importance matrix, the
    tokenizer against the config, the output path (never an input, never an existing file
    without ``force``) and the free disk space;
-2. plan (plan.py): one entry per GGUF tensor with its type and size; ``dry_run`` stops here;
+2. plan (tensor_plan.py): one entry per GGUF tensor with its type and size; ``dry_run`` stops here;
 3. write: the GGUF header, metadata (metadata.py) and tensor infos, then the tensor data
    streamed by the pipeline (pipeline.py), into a temporary file in the output folder that
    is renamed to the output at the end and removed on any error or interruption.
@@ -27,8 +27,8 @@ from ..util import default_threads
 from . import ConvertError, fingerprint
 from .metadata import load_vocab, metadata
 from .pipeline import Pipeline, ShardReader, TensorError
-from .plan import Plan, build_plan, check_imatrix, fmt_bytes
 from .recipes import TypeRules
+from .tensor_plan import Plan, build_plan, check_imatrix, fmt_bytes
 from .writer import temporary_output, write_gguf
 
 __all__ = ["ConvertError", "ConvertResult", "TensorError", "convert"]

@@ -19,7 +19,7 @@ from ..constants import ARCH
 from ..outputs import OutputError, output_file
 from . import ConvertError
 from .pipeline import Pipeline, TensorError
-from .plan import Plan
+from .tensor_plan import Plan
 
 
 class Terminated(KeyboardInterrupt):

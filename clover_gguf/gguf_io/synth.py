@@ -182,8 +182,8 @@ def write_synthetic_gguf(
     from ..convert import quants
     from ..convert.converter import temporary_output, write_gguf
     from ..convert.metadata import metadata, placeholder_vocab
-    from ..convert.plan import build_plan
     from ..convert.recipes import TypeRules
+    from ..convert.tensor_plan import build_plan
     from ..util import default_threads
 
     out = Path(out_path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from ..convert.plan import fmt_bytes
+from ..convert.tensor_plan import fmt_bytes
 from . import cost, vram
 from .fit import Curves, fit_budget
 from .gpus import GPU, GPUS, find_gpu
@@ -76,7 +76,7 @@ LINKS = {  # split variants: what the runtime does with host experts
 class Option:
     name: str
     kind: str  # "vram" | "fit" | "file" | "split"
-    plan: object  # convert.plan.Plan
+    plan: object  # convert.tensor_plan.Plan
     types: GroupTypes | None  # None: the GGUF as it is
     cpu_layers: list[int] = field(default_factory=list)
     link: cost.HostLink = field(default_factory=cost.HostLink)

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..convert.plan import fmt_bytes
+from ..convert.tensor_plan import fmt_bytes
 from . import vram
 
 EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(up|down|gate|gate_up)_exps\.")

@@ -1,4 +1,4 @@
-"""Exact sizes of a recipe, without converting: the converter's own plan (convert.plan.build_plan)
+"""Exact sizes of a recipe, without converting: the converter's own plan (convert.tensor_plan.build_plan)
 run over a model's tensor names and shapes, from a checkpoint's headers, a GGUF's metadata or a
 preset's config. A recipe here is a type per tensor group (GroupTypes), written as the
 convert options that reproduce it."""
@@ -13,8 +13,8 @@ from pathlib import Path
 from ..config import CloverConfig, preset
 from ..constants import TENSOR_GROUPS
 from ..convert import quants
-from ..convert.plan import Plan, build_plan
 from ..convert.recipes import OUTTYPE_GROUPS, TypeRules
+from ..convert.tensor_plan import Plan, build_plan
 
 # the groups a recipe chooses types for (router/memory/conv/norms stay F32)
 GROUPS = ("experts_gate_up", "experts_down", "shared_expert", "attention", "embeddings", "output")
