@@ -335,7 +335,7 @@ def convert_cmd(
     clover-gguf convert /tmp/c35 --experts mxfp4 --tensor-type 'ffn_down_exps=q8_0' --dry-run
     """
     from .convert.converter import ConvertError, convert
-    from .plan.fit import PlanError, budget_rules
+    from .plan.budget import PlanError, budget_rules
 
     if out is None and not dry_run:
         raise click.UsageError("give -o/--outfile (or --dry-run)")
@@ -507,7 +507,7 @@ def plan_cmd(
     from .outputs import check_replaceable
     from .plan import PlanError, format_plan, make_plan
     from .plan import calibrate as C
-    from .plan.fit import Curves
+    from .plan.budget import Curves
     from .plan.gpus import table
     from .plan.sizes import open_source, parse_size
 

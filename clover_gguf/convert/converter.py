@@ -72,7 +72,7 @@ def convert(
     tensor_types: ["REGEX=TYPE", ...] or [(regex, type)], first match wins;
     recipe: a name in recipes.RECIPES; imatrix: path to a llama.cpp GGUF imatrix;
     rules: explicit type rules instead of outtype/experts/tensor_types/recipe (a budget recipe,
-    ``--recipe fit:SIZE``, resolved by plan.fit.budget_rules).
+    ``--recipe fit:SIZE``, resolved by plan.budget.budget_rules).
     """
     if threads is not None and threads < 1:
         raise ConvertError(f"--threads {threads}: must be at least 1")
@@ -127,8 +127,8 @@ def open_checkpoint(model_dir: Path) -> Checkpoint:
 
 def _type_rules(outtype, experts, tensor_types, recipe) -> TypeRules:
     if recipe and recipe.lower().startswith("fit:"):
-        # plan sits above convert: the CLI resolves a budget recipe (plan.fit.budget_rules)
-        raise ConvertError(f"--recipe {recipe}: a budget recipe; pass rules=plan.fit.budget_rules(...)")
+        # plan sits above convert: the CLI resolves a budget recipe (plan.budget.budget_rules)
+        raise ConvertError(f"--recipe {recipe}: a budget recipe; pass rules=plan.budget.budget_rules(...)")
     try:
         return TypeRules.make(outtype, experts, tensor_types, recipe)
     except ValueError as e:

@@ -3,7 +3,7 @@
 Sizes are exact (the converter's plan over the model's shapes, plan.sizes); the placement is
 the one `run --fit` makes (plan.placement, plan.vram); speed comes from the cost model
 (plan.cost: GPU kernel rates from plan.kernels, routing from plan.routing, CPU terms from
-`plan --calibrate`), quality from the sensitivity curves (plan.fit). docs/plan.md."""
+`plan --calibrate`), quality from the sensitivity curves (plan.budget). docs/plan.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..convert.tensor_plan import fmt_bytes
 from . import cost, vram
-from .fit import Curves, fit_budget
+from .budget import Curves, fit_budget
 from .gpus import GPU, GPUS, find_gpu
 from .kernels import KernelTable
 from .placement import FitError, place, split_bytes

@@ -16,7 +16,7 @@ from convert_helpers import TINY, write_synth  # noqa: E402
 from clover_gguf.cli import cli  # noqa: E402
 from clover_gguf.convert.converter import convert  # noqa: E402
 from clover_gguf.plan import cost, make_plan  # noqa: E402
-from clover_gguf.plan.fit import Curves, budget_rules, fit_budget  # noqa: E402
+from clover_gguf.plan.budget import Curves, budget_rules, fit_budget  # noqa: E402
 from clover_gguf.plan.gpus import GPUS, find_gpu  # noqa: E402
 from clover_gguf.plan.sizes import GroupTypes, PlanError, exact_plan, open_source, parse_size  # noqa: E402
 
