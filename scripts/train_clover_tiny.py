@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train clover-tiny (block diffusion, spec section 6) on the stdlib train split, save it as
 BF16 safetensors (HF names, per-expert layout) + config.json in models/clover-tiny, and
-evaluate it on the held-out modules. The logic lives in clover_gguf/train/ (trainer.py, quality.py).
+evaluate it on the held-out modules. The logic lives in clover_gguf/train/ (trainer.py, model_checks.py).
 
     python scripts/train_clover_tiny.py --time-budget-min 45          # train + eval + model card
     python scripts/train_clover_tiny.py --bench 16x16x17,8x32x9       # tokens/s, random tokens
@@ -389,18 +389,18 @@ def compact_log(log: dict, max_points: int = 600) -> dict:
 def final_eval(a, tok, train_ids, held_ids, info) -> dict:
     """The issue-13 quality targets on the saved BF16 weights (computed in float32)."""
     from clover_gguf.reference.model import CloverModel
-    from clover_gguf.train import quality
+    from clover_gguf.train import model_checks
 
     torch.set_num_threads(a.threads)
     model = CloverModel.from_pretrained(a.out, dtype=torch.float32)
     t0 = time.time()
-    res = {"heldout": quality.heldout_quality(model, train_ids, held_ids, max_tokens=a.final_eval_tokens)}
-    res["thirdparty"] = quality.thirdparty_quality(model, tok, max_tokens=a.final_eval_tokens)
-    res["functions"] = quality.function_completions(model, tok, quality.load_function_prompts())
-    res["function_speed"] = quality.threshold_speed(model, tok, quality.load_function_prompts())
+    res = {"heldout": model_checks.heldout_quality(model, train_ids, held_ids, max_tokens=a.final_eval_tokens)}
+    res["thirdparty"] = model_checks.thirdparty_quality(model, tok, max_tokens=a.final_eval_tokens)
+    res["functions"] = model_checks.function_completions(model, tok, model_checks.load_function_prompts())
+    res["function_speed"] = model_checks.threshold_speed(model, tok, model_checks.load_function_prompts())
     if tok.token_to_id("<tool_call>") is not None:  # the held-out tool transcripts (eval/tools.py)
-        res["tools"] = quality.tool_call_quality(a.out, log=log_print)
-    res["targets"] = quality.targets(res)
+        res["tools"] = model_checks.tool_call_quality(a.out, log=log_print)
+    res["targets"] = model_checks.targets(res)
     res["unigram"] = data.unigram_entropy_bits(train_ids, held_ids, vocab_size=model.config.vocab_size)
     res["data"] = info
     res["time_s"] = round(time.time() - t0, 1)
@@ -433,7 +433,7 @@ def quality_section(fin: dict) -> list[str]:
     lines = [
         "## Quality",
         "",
-        "Measured by `python scripts/train_clover_tiny.py --eval-only` (`clover_gguf/train/quality.py`) on the "
+        "Measured by `python scripts/train_clover_tiny.py --eval-only` (`clover_gguf/train/model_checks.py`) on the "
         "BF16 `model.safetensors`, computed in float32. Masked NLL: the text cut into sequences of 1024 tokens "
         "(64 blocks of 16, earlier clean blocks committed as history), half of each block's tokens masked (fixed "
         "seed), cross entropy on the masked tokens; the unigram (add-one) is scored on exactly the same tokens.",
