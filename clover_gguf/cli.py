@@ -239,7 +239,7 @@ def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gg
     """
     from .config import CloverConfig, preset
     from .convert import ConvertError
-    from .gguf_io.synth import write_synthetic, write_synthetic_gguf
+    from .synthetic import write_synthetic, write_synthetic_gguf
 
     if (preset_name is None) == (config_path is None):
         raise click.UsageError("give exactly one of --preset or --config")

@@ -4,7 +4,7 @@
 Prints figures; it is not a timed test. For each layer count (default 1 and 2):
 
 1. a synthetic Clover checkpoint with Clover-35B-A3B's full tensor shapes
-   (clover_gguf.gguf_io.synth.write_synthetic, preset clover-35b-a3b, BF16, sharded);
+   (clover_gguf.synthetic.write_synthetic, preset clover-35b-a3b, BF16, sharded);
 2. an equivalent Qwen3-MoE checkpoint (Qwen3MoeForCausalLM config, same embeddings,
    attention, router and expert tensors, byte for byte, and the clover-tiny tokenizer);
 3. a synthetic importance matrix for every quantized tensor (llama.cpp GGUF imatrix);
@@ -57,7 +57,7 @@ from clover_gguf.checkpoint import Checkpoint  # noqa: E402
 from clover_gguf.config import preset  # noqa: E402
 from clover_gguf.constants import GGUF_EXPERT_NAME  # noqa: E402
 from clover_gguf.convert.imatrix import write_imatrix  # noqa: E402
-from clover_gguf.gguf_io.synth import write_synthetic  # noqa: E402
+from clover_gguf.synthetic import write_synthetic  # noqa: E402
 
 QWEN_TENSORS = re.compile(
     r"^(model\.embed_tokens\.weight|lm_head\.weight|model\.norm\.weight|"

@@ -31,7 +31,7 @@ def gguf_plan(path: Path):
     """(config, converter plan with the GGUF's own tensor types)."""
     from ..convert.tensor_plan import Plan, PlanEntry
     from ..gguf_io.reader import config_from_reader, open_gguf
-    from ..gguf_io.synth import SyntheticSource
+    from ..synthetic import SyntheticSource
 
     r = open_gguf(path)
     cfg = config_from_reader(r, path)

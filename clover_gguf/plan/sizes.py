@@ -40,12 +40,12 @@ class Source:
     config: CloverConfig
     label: str  # what the user gave (a folder, a .gguf, a preset)
     convert_arg: str  # MODEL_DIR in the printed convert line
-    ck: object  # Checkpoint or synth.SyntheticSource (names, shapes, dtypes)
+    ck: object  # Checkpoint or synthetic.SyntheticSource (names, shapes, dtypes)
     path: Path | None = None  # the model folder or GGUF file (None for --shape)
 
 
 def open_source(model: str | None, shape: str | None = None, layers: int | None = None) -> Source:
-    from ..gguf_io.synth import SyntheticSource
+    from ..synthetic import SyntheticSource
 
     if (model is None) == (shape is None):
         raise PlanError("give MODEL_DIR, MODEL.gguf or --shape NAME (one of them)")
