@@ -15,12 +15,13 @@ from ..constants import TENSOR_GROUPS
 from ..convert import quants
 from ..convert.recipes import OUTTYPE_GROUPS, TypeRules
 from ..convert.tensor_plan import Plan, build_plan
+from ..errors import CloverError
 
 # the groups a recipe chooses types for (router/memory/conv/norms stay F32)
 GROUPS = ("experts_gate_up", "experts_down", "shared_expert", "attention", "embeddings", "output")
 
 
-class PlanError(ValueError):
+class PlanError(CloverError, ValueError):
     """A bad plan input or option: one line."""
 
 
