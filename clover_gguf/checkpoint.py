@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from .config import CloverConfig, ConfigError
 from .constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER
+from .errors import CloverError
 from .inputs import InputError, open_input, read_bytes
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -29,7 +30,7 @@ DTYPES: dict[str, tuple[torch.dtype, int]] = {
 KNOWN_DTYPES = set(DTYPES)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(CloverError, ValueError):
     """A checkpoint that does not match its config: names the file and tensor at fault."""
 
 

@@ -10,12 +10,13 @@ import click
 
 from . import __version__
 from .constants import DEFAULT_THRESHOLD
-from .errors import os_error_line
+from .errors import CloverError, os_error_line
 from .options import InputPath, option_type
 
 
 class OneLineErrors(click.Group):
-    """Errors are one line: a bad option value prints "Error: ..." without the usage block."""
+    """Errors are one line: a bad option value prints "Error: ..." without the usage block, and
+    so does every CloverError a command lets through (exit 1)."""
 
     def main(self, *args, **kwargs):
         standalone = kwargs.pop("standalone_mode", True)
@@ -35,6 +36,11 @@ class OneLineErrors(click.Group):
             if not standalone:
                 raise
             click.echo("Aborted!", err=True)
+            sys.exit(1)
+        except CloverError as e:
+            if not standalone:
+                raise
+            click.echo(f"Error: {e}", err=True)
             sys.exit(1)
 
 
@@ -174,10 +180,6 @@ def run_cmd(
         raise click.UsageError("give -p/--prompt or --prompt-ids, not both")
     if debug:
         os.environ["CLOVER_GGUF_VERBOSE"] = "1"
-    from .config import ConfigError
-    from .runtime.bindings import RuntimeNotBuilt
-    from .runtime.runtime import RuntimeError_
-
     try:
         out = run(
             model or DEFAULT_MODEL,
@@ -205,7 +207,7 @@ def run_cmd(
             mmap=mmap,
             log=lambda m: click.echo(m, err=True),
         )
-    except (ValueError, ConfigError, RuntimeError_, RuntimeNotBuilt) as e:
+    except ValueError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
         raise click.ClickException(os_error_line(e, model)) from None
@@ -238,8 +240,7 @@ def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gg
     clover-gguf synth /tmp/c35-40l.gguf --preset clover-35b-a3b --gguf --recipe q4_k_m
     """
     from .config import CloverConfig, preset
-    from .convert import ConvertError
-    from .gguf_io.synth import write_synthetic, write_synthetic_gguf
+    from .synthetic import write_synthetic, write_synthetic_gguf
 
     if (preset_name is None) == (config_path is None):
         raise click.UsageError("give exactly one of --preset or --config")
@@ -249,7 +250,7 @@ def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gg
             path = write_synthetic_gguf(out, cfg, layers=layers, recipe=recipe, seed=seed)
         else:
             path = write_synthetic(out, cfg, layers=layers, shard_size_mb=shard_size_mb, fused=fused, seed=seed)
-    except (ValueError, ConvertError, OSError) as e:  # ConfigError is a ValueError
+    except (ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {path}")
 
@@ -334,8 +335,8 @@ def convert_cmd(
     clover-gguf convert /tmp/c35 -o c35.gguf --recipe q4_k_m --imatrix c35.imatrix.gguf
     clover-gguf convert /tmp/c35 --experts mxfp4 --tensor-type 'ffn_down_exps=q8_0' --dry-run
     """
-    from .convert.converter import ConvertError, convert
-    from .plan.fit import PlanError, budget_rules
+    from .convert.converter import convert
+    from .plan.budget import budget_rules
 
     if out is None and not dry_run:
         raise click.UsageError("give -o/--outfile (or --dry-run)")
@@ -358,8 +359,6 @@ def convert_cmd(
             progress=not quiet and not dry_run,
             name=name,
         )
-    except (ConvertError, PlanError) as e:
-        raise click.ClickException(str(e)) from None
     except KeyboardInterrupt as e:
         notes = "; ".join(getattr(e, "__notes__", []))
         click.echo(f"\nInterrupted ({e}){': ' + notes if notes else ''}", err=True)
@@ -505,9 +504,9 @@ def plan_cmd(
     import json as _json
 
     from .outputs import check_replaceable
-    from .plan import PlanError, format_plan, make_plan
     from .plan import calibrate as C
-    from .plan.fit import Curves
+    from .plan import format_plan, make_plan
+    from .plan.budget import Curves
     from .plan.gpus import table
     from .plan.sizes import open_source, parse_size
 
@@ -537,7 +536,7 @@ def plan_cmd(
         if write_recipe:
             C.write_recipe(p, write_recipe)
         click.echo(_json.dumps(p, indent=1) if as_json else format_plan(p))
-    except (PlanError, ValueError) as e:
+    except ValueError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
         raise click.ClickException(os_error_line(e, model or shape)) from None
@@ -638,7 +637,6 @@ def serve_cmd(
     Request extensions: "clover": {"block_size": 32, "steps": 8 | "threshold": 0.9, "cache_prompt": true},
     "chat_template_kwargs": {"enable_thinking": false}, "top_k". See docs/serving.md.
     """
-    from .runtime.bindings import RuntimeNotBuilt
     from .serve import serve
 
     try:
@@ -662,7 +660,7 @@ def serve_cmd(
             queue_timeout=queue_timeout,
             log=lambda m: click.echo(m, err=True),
         )
-    except (ValueError, OSError, RuntimeError, RuntimeNotBuilt) as e:
+    except (ValueError, OSError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
 
 
@@ -713,23 +711,20 @@ def runtime_group():
 )
 def runtime_build_cmd(cuda, portable, cuda_arch, jobs, force, targets, no_install, rpc, root, cmake_arg):
     """Fetch the sdist, apply patches/*.patch, build once with cmake+ninja, install."""
-    from .runtime.build import BuildError, build_runtime
+    from .runtime.build import build_runtime
 
-    try:
-        build_runtime(
-            cuda=cuda,
-            cuda_archs=cuda_arch.replace(",", ";") if cuda_arch else None,
-            jobs=jobs,
-            force=force,
-            targets=targets.split(",") if targets else None,
-            install=not no_install,
-            root=root,
-            extra_cmake_args=cmake_arg,
-            portable=portable,
-            rpc=rpc,
-        )
-    except BuildError as e:
-        raise click.ClickException(str(e)) from None
+    build_runtime(  # a BuildError is one line (OneLineErrors)
+        cuda=cuda,
+        cuda_archs=cuda_arch.replace(",", ";") if cuda_arch else None,
+        jobs=jobs,
+        force=force,
+        targets=targets.split(",") if targets else None,
+        install=not no_install,
+        root=root,
+        extra_cmake_args=cmake_arg,
+        portable=portable,
+        rpc=rpc,
+    )
 
 
 @runtime_group.command("paths")

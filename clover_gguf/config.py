@@ -20,11 +20,12 @@ from .constants import (
     MODEL_TYPE,
     dims,
 )
+from .errors import CloverError
 from .limits import TOKEN_ID_KEYS, LimitError, check_config_values, check_token_id, fmt_value
 from .outputs import write_json
 
 
-class ConfigError(ValueError):
+class ConfigError(CloverError, ValueError):
     """A config.json that is missing a key, has a wrong type, or inconsistent shapes."""
 
 

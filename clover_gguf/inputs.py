@@ -13,8 +13,10 @@ import os
 import stat
 from pathlib import Path
 
+from .errors import CloverError
 
-class InputError(ValueError):
+
+class InputError(CloverError, ValueError):
     """An input path that is not a readable regular file; the message names it."""
 
 

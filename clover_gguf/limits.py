@@ -19,9 +19,10 @@ import math
 from dataclasses import dataclass
 
 from .constants import ARCH
+from .errors import CloverError
 
 
-class LimitError(ValueError):
+class LimitError(CloverError, ValueError):
     """A value outside its limit; the message names the key, the value and the range."""
 
 

@@ -26,10 +26,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import CloverError
 from .inputs import file_kind
 
 
-class OutputError(ValueError):
+class OutputError(CloverError, ValueError):
     """An output that cannot be written; the message names the path."""
 
 

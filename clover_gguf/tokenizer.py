@@ -31,6 +31,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .constants import TOKENIZER_PRE_NAME
+from .errors import CloverError
 from .inputs import InputError, read_bytes, read_text
 from .outputs import write_json, write_text
 
@@ -141,7 +142,7 @@ CHAT_TEMPLATE = (
 )
 
 
-class TokenizerError(RuntimeError):
+class TokenizerError(CloverError, RuntimeError):
     pass
 
 

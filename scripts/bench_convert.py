@@ -4,7 +4,7 @@
 Prints figures; it is not a timed test. For each layer count (default 1 and 2):
 
 1. a synthetic Clover checkpoint with Clover-35B-A3B's full tensor shapes
-   (clover_gguf.gguf_io.synth.write_synthetic, preset clover-35b-a3b, BF16, sharded);
+   (clover_gguf.synthetic.write_synthetic, preset clover-35b-a3b, BF16, sharded);
 2. an equivalent Qwen3-MoE checkpoint (Qwen3MoeForCausalLM config, same embeddings,
    attention, router and expert tensors, byte for byte, and the clover-tiny tokenizer);
 3. a synthetic importance matrix for every quantized tensor (llama.cpp GGUF imatrix);
@@ -57,7 +57,8 @@ from clover_gguf.checkpoint import Checkpoint  # noqa: E402
 from clover_gguf.config import preset  # noqa: E402
 from clover_gguf.constants import GGUF_EXPERT_NAME  # noqa: E402
 from clover_gguf.convert.imatrix import write_imatrix  # noqa: E402
-from clover_gguf.gguf_io.synth import write_synthetic  # noqa: E402
+from clover_gguf.convert.pipeline import ShardReader  # noqa: E402
+from clover_gguf.synthetic import plan_shards, write_synthetic  # noqa: E402
 
 QWEN_TENSORS = re.compile(
     r"^(model\.embed_tokens\.weight|lm_head\.weight|model\.norm\.weight|"
@@ -89,45 +90,32 @@ def write_qwen3(clover_dir: Path, out: Path, shard_mb: int = 2000) -> Path:
     c = ck.config
     out.mkdir(parents=True, exist_ok=True)
     names = [n for n in c.expected_tensors() if QWEN_TENSORS.match(n)]
-    # shard plan
-    shards, cur, size = [], [], 0
-    for n in names:
-        nb = ck.nbytes(n)
-        if cur and size + nb > shard_mb << 20:
-            shards.append(cur)
-            cur, size = [], 0
-        cur.append(n)
-        size += nb
-    shards.append(cur)
-    fds = {}
+    shards = plan_shards({n: ck.nbytes(n) for n in names}, shard_mb << 20)  # as synth shards
     wm = {}
-    for i, members in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        header, off = {}, 0
-        for n in members:
-            nb = ck.nbytes(n)
-            header[n] = {"dtype": ck.dtype(n), "shape": list(ck.shape(n)), "data_offsets": [off, off + nb]}
-            off += nb
-            wm[n] = fname
-        hj = json.dumps(header, separators=(",", ":")).encode()
-        hj += b" " * (-len(hj) % 8)
-        with open(out / fname, "wb") as f:
-            f.write(struct.pack("<Q", len(hj)) + hj)
+    with ShardReader(ck) as reader:  # the converter's reader: where each tensor's bytes start
+        files = {}
+        for i, members in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            header, off = {}, 0
             for n in members:
-                shard = ck.shard_of(n)
-                if shard not in fds:
-                    fd = os.open(shard, os.O_RDONLY)
-                    (hn,) = struct.unpack("<Q", os.pread(fd, 8, 0))
-                    fds[shard] = (fd, 8 + hn, json.loads(os.pread(fd, hn, 8)))
-                fd, start, hdr = fds[shard]
-                a, b = hdr[n]["data_offsets"]
-                pos = start + a
-                while pos < start + b:
-                    k = min(64 << 20, start + b - pos)
-                    f.write(os.pread(fd, k, pos))
-                    pos += k
-    for fd, _, _ in fds.values():
-        os.close(fd)
+                nb = ck.nbytes(n)
+                header[n] = {"dtype": ck.dtype(n), "shape": list(ck.shape(n)), "data_offsets": [off, off + nb]}
+                off += nb
+                wm[n] = fname
+            hj = json.dumps(header, separators=(",", ":")).encode()
+            hj += b" " * (-len(hj) % 8)
+            with open(out / fname, "wb") as f:
+                f.write(struct.pack("<Q", len(hj)) + hj)
+                for n in members:
+                    shard, _, _, pos = reader.info(n)
+                    src = files.setdefault(shard, open(shard, "rb"))
+                    end = pos + ck.nbytes(n)
+                    while pos < end:
+                        k = min(64 << 20, end - pos)
+                        f.write(os.pread(src.fileno(), k, pos))
+                        pos += k
+        for src in files.values():
+            src.close()
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     cfg = {
         "architectures": ["Qwen3MoeForCausalLM"],

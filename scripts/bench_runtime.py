@@ -3,7 +3,7 @@
 
 Models: clover-tiny (models/clover-tiny, if trained) as BF16 GGUF and as Q4_K-experts GGUF,
 and a synthetic model with Clover-35B-A3B shapes and 2 layers (random weights, written with
-clover_gguf.synth). For each: prompt tok/s (prefill), generation tok/s, steps/block, for the
+clover_gguf.synthetic). For each: prompt tok/s (prefill), generation tok/s, steps/block, for the
 llama.cpp runtime (one clover_generate call) and the PyTorch reference (generate.generate).
 
     python scripts/bench_runtime.py [--threads N] [--work DIR] [--skip-synth] [--skip-tiny]
@@ -148,7 +148,7 @@ def main(argv=None):
             log(f"{a.tiny}: no checkpoint, clover-tiny skipped")
     if not a.skip_synth:
         from clover_gguf.config import preset
-        from clover_gguf.gguf_io.synth import write_synthetic
+        from clover_gguf.synthetic import write_synthetic
 
         sd = a.work / "synth-35b-a3b-2l"
         if not (sd / "config.json").exists():

@@ -66,7 +66,7 @@ def worker(gguf: str, threads: int, reps: int) -> None:
 def models(names: list[str], work: Path) -> dict[str, Path]:
     from clover_gguf.config import preset
     from clover_gguf.convert.converter import convert
-    from clover_gguf.gguf_io.synth import write_synthetic_gguf
+    from clover_gguf.synthetic import write_synthetic_gguf
     from clover_gguf.util import DEFAULT_MODEL
 
     work.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,7 @@ def _pair(gguf: Path, ngl_a: int, ngl_b: int, threads: int, prompt: list[int], B
 def parity(out: Path, mode: str) -> dict:
     from clover_gguf.config import preset
     from clover_gguf.convert.converter import convert
-    from clover_gguf.gguf_io.synth import write_synthetic_gguf
+    from clover_gguf.synthetic import write_synthetic_gguf
     from clover_gguf.tokenizer import CloverTokenizer
     from clover_gguf.util import DEFAULT_MODEL
 
@@ -228,7 +228,7 @@ def kernels(out: Path, mode: str, bin_dir: Path, ggml_h: Path) -> dict:
 
 def _synth(out: Path, layers: int) -> Path:
     from clover_gguf.config import preset
-    from clover_gguf.gguf_io.synth import write_synthetic_gguf
+    from clover_gguf.synthetic import write_synthetic_gguf
 
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -419,8 +419,8 @@ def placement_16gb(gguf: Path, budget_gib: float = 16.0, reserve_gib: float = 1.
 def speed(out: Path, mode: str, layers: int, threads: int) -> dict:
     from clover_gguf.config import preset
     from clover_gguf.eval.passes import PassesConfig, run_passes
-    from clover_gguf.gguf_io.synth import write_synthetic_gguf
     from clover_gguf.runtime.build import runtime_paths
+    from clover_gguf.synthetic import write_synthetic_gguf
 
     cli = Path(os.environ.get("LLAMA_CPP_LIB_PATH", runtime_paths()["bin_dir"])) / "llama-clover-cli"
     ngl = ["-ngl", "99"] if mode == "gpu" else []

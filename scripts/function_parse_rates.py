@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clover_gguf.reference.model import CloverModel  # noqa: E402
 from clover_gguf.tokenizer import CloverTokenizer  # noqa: E402
-from clover_gguf.train import quality as Q  # noqa: E402
+from clover_gguf.train import model_checks as Q  # noqa: E402
 
 
 def main(argv=None) -> int:

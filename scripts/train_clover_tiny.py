@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Train clover-tiny (block diffusion, spec section 6) on the stdlib train split, save it as
 BF16 safetensors (HF names, per-expert layout) + config.json in models/clover-tiny, and
-evaluate it on the held-out modules. The logic lives in clover_gguf/train/ (trainer.py, quality.py).
+evaluate it on the held-out modules. The logic lives in clover_gguf/train/ (trainer.py,
+model_checks.py, card.py).
 
     python scripts/train_clover_tiny.py --time-budget-min 45          # train + eval + model card
     python scripts/train_clover_tiny.py --bench 16x16x17,8x32x9       # tokens/s, random tokens
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +43,7 @@ import torch  # noqa: E402
 from clover_gguf.config import preset  # noqa: E402
 from clover_gguf.train import data  # noqa: E402
 from clover_gguf.train import trainer as T  # noqa: E402
+from clover_gguf.train.card import write_model_card  # noqa: E402
 
 
 def log_print(msg: str) -> None:
@@ -363,19 +364,6 @@ def plot_loss(log: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_commands(log: dict) -> list[str]:
-    """The command of each part of a resumed run (log["runs"]), else the one command."""
-    runs = [r for r in log.get("runs", []) if r.get("command")]
-    if len(runs) < 2:
-        return [log.get("command", "python scripts/train_clover_tiny.py --time-budget-min 43")]
-    return [
-        f"# part {i + 1}: from step {r['step']:,} ({r['tokens']:,} tokens, {r['elapsed_s'] / 60:.1f} min)"
-        + (", a warm restart from the saved model" if r.get("warm_restart") else "")
-        + f"\n{r['command']}"
-        for i, r in enumerate(runs)
-    ]
-
-
 def compact_log(log: dict, max_points: int = 600) -> dict:
     out = dict(log)
     steps = log["steps"]
@@ -389,18 +377,18 @@ def compact_log(log: dict, max_points: int = 600) -> dict:
 def final_eval(a, tok, train_ids, held_ids, info) -> dict:
     """The issue-13 quality targets on the saved BF16 weights (computed in float32)."""
     from clover_gguf.reference.model import CloverModel
-    from clover_gguf.train import quality
+    from clover_gguf.train import model_checks
 
     torch.set_num_threads(a.threads)
     model = CloverModel.from_pretrained(a.out, dtype=torch.float32)
     t0 = time.time()
-    res = {"heldout": quality.heldout_quality(model, train_ids, held_ids, max_tokens=a.final_eval_tokens)}
-    res["thirdparty"] = quality.thirdparty_quality(model, tok, max_tokens=a.final_eval_tokens)
-    res["functions"] = quality.function_completions(model, tok, quality.load_function_prompts())
-    res["function_speed"] = quality.threshold_speed(model, tok, quality.load_function_prompts())
+    res = {"heldout": model_checks.heldout_quality(model, train_ids, held_ids, max_tokens=a.final_eval_tokens)}
+    res["thirdparty"] = model_checks.thirdparty_quality(model, tok, max_tokens=a.final_eval_tokens)
+    res["functions"] = model_checks.function_completions(model, tok, model_checks.load_function_prompts())
+    res["function_speed"] = model_checks.threshold_speed(model, tok, model_checks.load_function_prompts())
     if tok.token_to_id("<tool_call>") is not None:  # the held-out tool transcripts (eval/tools.py)
-        res["tools"] = quality.tool_call_quality(a.out, log=log_print)
-    res["targets"] = quality.targets(res)
+        res["tools"] = model_checks.tool_call_quality(a.out, log=log_print)
+    res["targets"] = model_checks.targets(res)
     res["unigram"] = data.unigram_entropy_bits(train_ids, held_ids, vocab_size=model.config.vocab_size)
     res["data"] = info
     res["time_s"] = round(time.time() - t0, 1)
@@ -419,287 +407,6 @@ def final_eval(a, tok, train_ids, held_ids, info) -> dict:
     for r in f["rows"]:
         log_print(f"{'ok ' if r['parses'] else 'BAD'} {r['prompt']!r} -> {r['completion']!r}")
     return res
-
-
-def quality_section(fin: dict) -> list[str]:
-    """The model card's quality part: the three targets, then the details of each."""
-    if not fin.get("targets"):
-        return ["## Quality", "", "(not measured: run with --eval-only)", ""]
-    ho, tp, fn, t = fin["heldout"], fin["thirdparty"], fin["functions"], fin["targets"]
-
-    def yes(k):
-        return "yes" if t[k]["met"] else "**no**"
-
-    lines = [
-        "## Quality",
-        "",
-        "Measured by `python scripts/train_clover_tiny.py --eval-only` (`clover_gguf/train/quality.py`) on the "
-        "BF16 `model.safetensors`, computed in float32. Masked NLL: the text cut into sequences of 1024 tokens "
-        "(64 blocks of 16, earlier clean blocks committed as history), half of each block's tokens masked (fixed "
-        "seed), cross entropy on the masked tokens; the unigram (add-one) is scored on exactly the same tokens.",
-        "",
-        "| target | clover-tiny | bound | met |",
-        "|---|---|---|---|",
-        f"| held-out stdlib: masked NLL / unigram of the train split | {ho['ratio']:.3f} "
-        f"({ho['bits_per_token']:.3f} / {ho['unigram_bits_per_token']:.3f} bits/token) | <= 0.75 | "
-        f"{yes('heldout_ratio')} |",
-        f"| third-party ({tp['wheel']}): masked NLL / unigram of the package's other files | {tp['ratio']:.3f} "
-        f"({tp['bits_per_token']:.3f} / {tp['unigram_bits_per_token']:.3f} bits/token) | <= 0.8 | "
-        f"{yes('thirdparty_ratio')} |",
-        f"| function prompts whose greedy body `ast.parse` accepts | {fn['n_parse']} / {fn['n_prompts']} | "
-        f">= half | {yes('functions_parse')} |",
-        *issue_23_rows(fin),
-        "",
-        f"Held-out stdlib: {ho['n_masked']:,} masked of {ho['n_tokens']:,} tokens. Third-party: `{tp['wheel']}` "
-        f"(sha256 `{tp['wheel_sha256'][:16]}...`, in `evaldata/thirdparty/`, read as a zip, never installed); "
-        f"the unigram is fit on its {len(tp['fit_files'])} files at even positions of the sorted list, the "
-        f"{len(tp['scored_files'])} others are scored ({tp['n_masked']:,} masked of {tp['n_tokens']:,} tokens).",
-        "",
-        "## Completions",
-        "",
-        f"The {fn['n_prompts']} prompts of `evaldata/function-prompts.json`, {fn['settings']}, PyTorch reference. "
-        "The body is cut at the first line back at column 0 (and, when the token limit cut the text, its last "
-        "line is dropped); it passes when it holds a statement and `ast.parse(prompt + body)` accepts it. "
-        "The first six (\u2588 marks where the prompt ends):",
-        "",
-    ]
-    for r in fn["rows"][:6]:
-        lines += [
-            f"{'parses' if r['parses'] else 'does not parse'}:",
-            "",
-            "```python",
-            r["prompt"] + "\u2588" + r["completion"],
-            "```",
-            "",
-        ]
-    return lines
-
-
-def issue_23_rows(fin: dict) -> list[str]:
-    """The chat and parallelism rows of the quality table (clover-tiny v3), when measured."""
-    t, rows = fin["targets"], []
-
-    def row(label, key, value, bound):
-        if key in t:
-            rows.append(f"| {label} | {value} | {bound} | {'yes' if t[key]['met'] else '**no**'} |")
-
-    if "function_speed" in fin:
-        sp = fin["function_speed"]
-        row("tokens per step, threshold 0.9, function prompts (greedy, 64 tokens)", "functions_tokens_per_step",
-            f"{sp['tokens_per_step']:.2f}", ">= 1.5")  # fmt: skip
-    tl = fin.get("tools")
-    if tl:
-
-        def pct(k):
-            return "–" if tl.get(k) is None else f"{100 * tl[k]:.1f} %"
-
-        row(f"held-out tool transcripts: expected calls answered by a schema-valid call ({tl['expected_calls']} "
-            "calls, `clover-gguf eval tools`, BF16, free decoding)", "tools_valid_calls", pct("valid_calls"), ">= 80 %")  # fmt: skip
-        row("... with the right tool name", "tools_right_name", pct("name_accuracy"), ">= 70 %")
-        v = tl.get("tokens_per_step_call")
-        row("tokens per step inside tool calls (threshold 0.9)", "tools_call_tokens_per_step",
-            "–" if v is None else f"{v:.2f}", ">= 2")  # fmt: skip
-    return rows
-
-
-def chat_note(log: dict) -> list[str]:
-    """What a run with chat transcripts mixed in trained on, and where it started."""
-    ch, parent = log.get("data", {}).get("chat"), log.get("init_from")
-    out = []
-    if parent:
-        out += [
-            f"This run started from the weights of `{parent['path']}` ({parent.get('tokens') or 0:,} tokens trained "
-            "there; its train_log is kept under `init_from`), with a new optimizer and its own schedule.",
-            "",
-        ]
-    if ch:
-        L = ch["tokens_per_transcript"]
-        out += [
-            f"Mixed in: {ch['transcripts']:,} chat transcripts ({ch['tokens']:,} tokens; per transcript mean "
-            f"{L['mean']:.0f}, p10 {L['p10']}, median {L['p50']}, p90 {L['p90']}, max {L['max']}) written by "
-            f"`clover_gguf/train/transcripts.py` (generator {ch['generator']}, seed {ch['seed']}) about train-split "
-            "modules only: requests, thinking, tool calls with real paths, names and lines, tool results, answers, "
-            "rendered through the chat template as the server renders them. A share of "
-            f"{ch['ratio']} of the batches are chat windows of about {ch['seq_tokens']} tokens, each starting "
-            "where a transcript does; the loss is the same NELBO "
-            + (
-                "on the tokens the assistant writes (from after `<|im_start|>assistant\\n` through `<|im_end|>`), "
-                "the rest of the window clean context, as a prompt at inference."
-                if ch.get("loss") == "assistant"
-                else "on every token of the window."
-            ),
-            "",
-        ]
-    return out
-
-
-def docstrings_note(log: dict) -> list[str]:
-    """Which parts of the run trained on docstrings cut to their first paragraph."""
-    runs = log.get("runs", [])
-    cut = [i for i, r in enumerate(runs) if re.search(r"--docstrings[= ]summary\b", r.get("command") or "")]
-    if not cut:
-        return []
-    d = log.get("data", {})
-    parts = ", ".join(str(i + 1) for i in cut)
-    return [
-        f"Part{'s' if len(cut) > 1 else ''} {parts} of the run (from step {runs[cut[0]]['step']:,}) trained on the "
-        "same files with every docstring longer than its first paragraph cut to that paragraph (`--docstrings "
-        "summary`, `clover_gguf/train/data.py:summary_docstrings`; the stream is "
-        f"{d.get('stream_tokens', 0):,} tokens instead of {d.get('train_tokens', 0):,}): the stdlib's long "
-        "docstrings had taught the model to open a docstring after a signature and not close it. Every "
-        "evaluation (held-out, third-party, the unigram baselines) uses the files as they are.",
-        "",
-    ]
-
-
-def write_model_card(out: Path, log: dict) -> Path:
-    """models/clover-tiny/README.md from train_log.json (re-run with --card-only)."""
-    c = log["model_config"]
-    tc = log["train_config"]
-    d = log.get("data", {})
-    fin = log.get("final", {})
-    steps = log["steps"]
-    last = steps[-min(len(steps), 20) :]
-    tps = [r["tok_per_s"] for r in steps if "tok_per_s" in r]
-    ln2 = np.log(2)
-    n_active = None
-    try:
-        from clover_gguf.config import CloverConfig
-
-        cfg = CloverConfig.from_dict(c)
-        n_total = cfg.n_params()
-        per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
-        n_active = n_total - cfg.num_hidden_layers * (cfg.num_experts - cfg.num_experts_per_tok) * per_expert
-    except Exception:
-        n_total = log.get("n_params")
-    lines = [
-        "# clover-tiny",
-        "",
-        "A tiny Clover (block-diffusion mixture-of-experts, the spec, `shared/spec/CLOVER.md`) trained "
-        + (
-            f"from the weights of `{log['init_from']['path']}` on the Python standard library and chat transcripts "
-            "with tool calls about it"
-            if log.get("init_from")
-            else "from scratch on the Python standard library"
-        )
-        + ", on CPU, to exercise the clover-gguf toolkit end to end (converter, llama.cpp runtime, eval, server) "
-        "with a model whose outputs are not random. It is a test model, not a useful code model.",
-        "",
-        "Files: `model.safetensors` (BF16, HF names, per-expert layout), `config.json`, `tokenizer.json` + "
-        "`tokenizer_config.json` (byte-level BPE trained on the same train split), `train_log.json` (config, "
-        "per-step log, evals, final numbers), `loss.png`.",
-        "",
-        "## Architecture",
-        "",
-        "| key | value |",
-        "|---|---|",
-    ]
-    for k in [
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "num_experts",
-        "num_experts_per_tok",
-        "moe_intermediate_size",
-        "shared_expert_intermediate_size",
-        "conv_kernel_size",
-        "block_size",
-        "rope_theta",
-        "rms_norm_eps",
-        "mask_token_id",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-    ]:
-        lines.append(f"| {k} | {c[k]} |")
-    lines += [
-        "",
-        f"Parameters: {n_total:,} in total"
-        + (f", about {n_active:,} active per token" if n_active else "")
-        + f" ({n_total * 2 / 1e6:.1f} MB in BF16).",
-        "",
-        "## Data",
-        "",
-        f"The `*.py` files of the Python {d.get('python_version', '?')} standard library (test directories "
-        "excluded; see `clover_gguf/train/data.py`). Held out: whole top-level modules, about 5 % of the bytes, listed "
-        "in `evaldata/heldout-stdlib.json`; neither the tokenizer nor the model saw them.",
-        "",
-        f"- train: {d.get('train_files', '?')} files, {d.get('train_tokens', 0):,} tokens",
-        f"- held-out: {d.get('heldout_files', '?')} files ({', '.join(d.get('heldout_modules', []))}), "
-        f"{d.get('heldout_tokens', 0):,} tokens",
-        "",
-        "Token streams have `<|endoftext|>` between files.",
-        "",
-        *docstrings_note(log),
-        *chat_note(log),
-        "## Training",
-        "",
-        "Block-diffusion NELBO (spec section 6, `clover_gguf/train/trainer.py`): windows of the train stream; per sequence "
-        "a random first-block length r in [1, B] (block 0 = r tokens + padding, positions contiguous); the clean "
-        "blocks are committed layer-parallel with the chunked delta rule and every noisy block (tokens masked with "
-        "probability t ~ U(1e-3, 1] per block, stratified over the batch) is run against the clean state at its "
-        "start; loss = sum of masked-token cross entropy / t over the number of real tokens. Block size drawn "
-        f"per batch from {tc['block_sizes']} with probabilities {tc['block_probs']}.",
-        "",
-        f"- optimizer: AdamW (betas {tc['betas']}, weight decay {tc['weight_decay']} on matrices), peak lr "
-        f"{tc['lr']}, {tc['warmup_steps']} warmup steps, cosine to {tc['min_lr_frac']} x peak over the time "
-        f"budget ({tc['time_budget_min']} min), grad-norm clip {tc['grad_clip']}"
-        + "".join(
-            f"; warm restart at step {r['step']:,} from the saved model (its checkpoint was lost): new optimizer "
-            "state, the warmup climbing to the cosine's value there"
-            for r in log.get("runs", [])
-            if r.get("warm_restart")
-        ),
-        f"- batch: about {tc['tokens_per_batch']} real tokens (windows of about {tc['seq_tokens']} tokens)",
-        f"- precision: {tc['precision']} (BF16 weights and activations, float32 master weights/optimizer; "
-        "norms, softmaxes, router and delta rule in float32 as the model does); seed "
-        f"{tc['seed']}; {tc['threads']} torch thread(s)",
-        "- init: normal(0, 0.02) (residual output projections / sqrt(2 n_layer)), norms 1, A_log = log U(1,16), "
-        "dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 0.1], calibration 1, conv scale 1",
-        "",
-        f"Trained {log['step']:,} steps, {log['tokens']:,} tokens "
-        f"({log['tokens'] / max(d.get('train_tokens', 1), 1):.2f} epochs) in {log['elapsed_s'] / 60:.1f} min "
-        f"wall on this project's 2-core CPU (no GPU was lent to this task). Throughput: median "
-        f"{np.median(tps) if tps else float('nan'):.0f} tokens/s (range {min(tps) if tps else 0:.0f} to "
-        f"{max(tps) if tps else 0:.0f}; real tokens, both streams computed), from the per-step log.",
-        "",
-        f"Final train loss (mean of the last {len(last)} steps): NELBO {np.mean([r['loss'] for r in last]):.3f} "
-        f"nats/token = {np.mean([r['loss'] for r in last]) / ln2:.3f} bits/token; unweighted masked CE "
-        f"{np.mean([r['masked_ce'] for r in last]) / ln2:.3f} bits/token.",
-        "",
-        "![loss](loss.png)",
-        "",
-        "Train-step speed: `python scripts/train_clover_tiny.py --bench 8x16x17 --threads N` (random tokens, "
-        "median of 8 steps); figures in `evaldata/speed/train-step.md`.",
-        "",
-    ]
-    lines += quality_section(fin)
-    lines += [
-        f"Limitations: {log['tokens'] / 1e6:.1f}M training tokens of one corpus (the standard library). The model "
-        "writes Python-shaped text (indentation, names, calls, docstrings), not working programs; it exists to "
-        "exercise the toolkit (converter, runtime, quantization reports) with predictions that are not flat.",
-        "",
-        "## Reproduce",
-        "",
-        "```sh",
-        ". .venv/bin/activate",
-        "# tokenizer.json / tokenizer_config.json: scripts/train_tokenizer.py (already in the model folder);",
-        "# the script encodes the train/held-out streams itself (cached in .cache/tokens)",
-        *run_commands(log),
-        "```",
-        "",
-        "Training is seeded, but a time budget makes the number of steps depend on the machine's speed; "
-        "`--max-steps N` (no time budget) gives a fixed schedule. `--resume out/clover-tiny-train/ckpt-last.pt` "
-        "continues from the last checkpoint (written every few minutes); with the checkpoint gone, `--resume "
-        "models/clover-tiny` restarts warm from the saved model (new optimizer state).",
-        "",
-    ]
-    path = out / "README.md"
-    path.write_text("\n".join(lines))
-    return path
 
 
 def main(argv=None) -> int:

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from clover_gguf.checkpoint import INDEX_NAME, Checkpoint, CheckpointError
 from clover_gguf.cli import cli
 from clover_gguf.config import CloverConfig, ConfigError, preset
-from clover_gguf.gguf_io.synth import write_synthetic
 from clover_gguf.reference.model import CloverModel
+from clover_gguf.synthetic import write_synthetic
 
 
 def _cfg_dict(vec_dir):

@@ -95,7 +95,7 @@ def test_fifo_as_model_safetensors(tmp_path, fifo, command):
 
 def test_fifo_as_an_index_shard(tmp_path, fifo):
     from clover_gguf.config import CloverConfig
-    from clover_gguf.gguf_io.synth import write_synthetic
+    from clover_gguf.synthetic import write_synthetic
 
     m = tmp_path / "sharded"
     write_synthetic(m, CloverConfig.load(VEC), shard_size_mb=0.05, progress=False)

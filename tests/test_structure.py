@@ -8,6 +8,7 @@ still a circle a reader has to hold in their head. A module's edge to its own pa
 from __future__ import annotations
 
 import ast
+import builtins
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,63 @@ def test_plan_sits_above_convert(parsed):
         if s.startswith("clover_gguf.convert") and d.startswith("clover_gguf.plan")
     ]
     assert not bad, bad
+
+
+# Exception classes that are not errors a user acts on: a signal unwinding a conversion like
+# Ctrl-C (convert/writer.py), and the server's HTTP 400 answer, raised and caught inside it.
+NOT_CLOVER_ERRORS = {"Terminated", "BadRequest"}
+
+
+def exception_classes(root: Path = PKG) -> dict[str, list[str]]:
+    """class name -> its bases' names, for every class defined under root (at any depth) that
+    derives, directly or through other classes there, from a built-in exception."""
+    bases: dict[str, list[str]] = {}
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+
+    def is_exception(name: str, seen: frozenset = frozenset()) -> bool:
+        b = getattr(builtins, name, None)
+        if isinstance(b, type) and issubclass(b, BaseException):
+            return True
+        return name not in seen and any(is_exception(x, seen | {name}) for x in bases.get(name, ()))
+
+    return {n: bs for n, bs in bases.items() if is_exception(n)}
+
+
+def not_clover_errors(classes: dict[str, list[str]]) -> list[str]:
+    def derives(name: str, seen: frozenset = frozenset()) -> bool:
+        return name == "CloverError" or (
+            name not in seen and any(derives(b, seen | {name}) for b in classes.get(name, ()))
+        )
+
+    return sorted(n for n in classes if n not in NOT_CLOVER_ERRORS and not derives(n))
+
+
+def test_the_error_walk_finds_a_stray_error(tmp_path):
+    (tmp_path / "errors.py").write_text("class CloverError(Exception):\n    pass\n")
+    (tmp_path / "a.py").write_text(
+        "class AError(CloverError, ValueError):\n    pass\n"
+        "class BError(AError):\n    pass\n"
+        "class Stray(RuntimeError):\n    pass\n"
+        "class Indirect(Stray):\n    pass\n"
+        "class NotAnError:\n    pass\n"
+    )
+    classes = exception_classes(tmp_path)
+    assert set(classes) == {"CloverError", "AError", "BError", "Stray", "Indirect"}
+    assert not_clover_errors(classes) == ["Indirect", "Stray"]
+
+
+def test_every_error_is_a_clover_error():
+    """One base the CLI turns into one line; each class keeps its built-in base too, so that an
+    `except ValueError` written before CloverError still catches it."""
+    from clover_gguf.config import ConfigError
+    from clover_gguf.convert.pipeline import TensorError
+    from clover_gguf.errors import CloverError
+
+    classes = exception_classes()
+    assert {"ConfigError", "TensorError", "RuntimeNotBuilt", "FieldProblem"} <= set(classes)
+    assert not not_clover_errors(classes), f"not CloverErrors: {not_clover_errors(classes)}"
+    assert issubclass(ConfigError, CloverError) and issubclass(ConfigError, ValueError)
+    assert issubclass(TensorError, CloverError) and issubclass(TensorError, RuntimeError)

@@ -1,5 +1,7 @@
-"""safetensors -> GGUF: validate (converter.py), plan (plan.py), write (pipeline.py + metadata.py)."""
+"""safetensors -> GGUF: validate (converter.py), plan (tensor_plan.py), write (pipeline.py + metadata.py)."""
+
+from ..errors import CloverError
 
 
-class ConvertError(RuntimeError):
+class ConvertError(CloverError, RuntimeError):
     """A conversion that cannot proceed; the message names the file/tensor at fault."""

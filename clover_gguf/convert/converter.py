@@ -6,7 +6,7 @@
    and dtypes (checkpoint.Checkpoint.validate), the type rules, the importance matrix, the
    tokenizer against the config, the output path (never an input, never an existing file
    without ``force``) and the free disk space;
-2. plan (plan.py): one entry per GGUF tensor with its type and size; ``dry_run`` stops here;
+2. plan (tensor_plan.py): one entry per GGUF tensor with its type and size; ``dry_run`` stops here;
 3. write: the GGUF header, metadata (metadata.py) and tensor infos, then the tensor data
    streamed by the pipeline (pipeline.py), into a temporary file in the output folder that
    is renamed to the output at the end and removed on any error or interruption.
@@ -27,8 +27,8 @@ from ..util import default_threads
 from . import ConvertError, fingerprint
 from .metadata import load_vocab, metadata
 from .pipeline import Pipeline, ShardReader, TensorError
-from .plan import Plan, build_plan, check_imatrix, fmt_bytes
 from .recipes import TypeRules
+from .tensor_plan import Plan, build_plan, check_imatrix, fmt_bytes
 from .writer import temporary_output, write_gguf
 
 __all__ = ["ConvertError", "ConvertResult", "TensorError", "convert"]
@@ -72,7 +72,7 @@ def convert(
     tensor_types: ["REGEX=TYPE", ...] or [(regex, type)], first match wins;
     recipe: a name in recipes.RECIPES; imatrix: path to a llama.cpp GGUF imatrix;
     rules: explicit type rules instead of outtype/experts/tensor_types/recipe (a budget recipe,
-    ``--recipe fit:SIZE``, resolved by plan.fit.budget_rules).
+    ``--recipe fit:SIZE``, resolved by plan.budget.budget_rules).
     """
     if threads is not None and threads < 1:
         raise ConvertError(f"--threads {threads}: must be at least 1")
@@ -127,8 +127,8 @@ def open_checkpoint(model_dir: Path) -> Checkpoint:
 
 def _type_rules(outtype, experts, tensor_types, recipe) -> TypeRules:
     if recipe and recipe.lower().startswith("fit:"):
-        # plan sits above convert: the CLI resolves a budget recipe (plan.fit.budget_rules)
-        raise ConvertError(f"--recipe {recipe}: a budget recipe; pass rules=plan.fit.budget_rules(...)")
+        # plan sits above convert: the CLI resolves a budget recipe (plan.budget.budget_rules)
+        raise ConvertError(f"--recipe {recipe}: a budget recipe; pass rules=plan.budget.budget_rules(...)")
     try:
         return TypeRules.make(outtype, experts, tensor_types, recipe)
     except ValueError as e:

@@ -16,7 +16,7 @@ import secrets
 
 from ..checkpoint import Checkpoint
 from .pipeline import CHUNK_ELEMENTS, ShardReader, source_bytes
-from .plan import source_entries
+from .tensor_plan import source_entries
 
 HEX_LEN = 64  # a sha256 in hex
 

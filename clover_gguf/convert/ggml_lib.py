@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CloverError
 from ..util import REPO_ROOT
 
 LIB_ENV = "CLOVER_GGML_LIB"
@@ -50,7 +51,7 @@ BUILD_HINT = (
 )
 
 
-class GGMLLibError(RuntimeError):
+class GGMLLibError(CloverError, RuntimeError):
     """libggml is missing or unusable."""
 
 

@@ -23,7 +23,7 @@ from ..constants import (
     Keys,
 )
 from . import ConvertError
-from .plan import Plan
+from .tensor_plan import Plan
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5  # gguf.TokenType
 

@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType
 
 from ..checkpoint import DTYPES, Checkpoint, CheckpointError
 from . import ConvertError, quants
-from .plan import Piece, Plan, PlanEntry
+from .tensor_plan import Piece, Plan, PlanEntry
 
 Q = GGMLQuantizationType
 CHUNK_ELEMENTS = 2 << 20  # rows are streamed in chunks of about this many values (8 MB f32)

@@ -22,6 +22,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gq
 
+from ..errors import CloverError
 from ..util import default_threads
 from . import ggml_lib
 
@@ -77,7 +78,7 @@ FALLBACK: dict[GGMLQuantizationType, GGMLQuantizationType] = {
 }
 
 
-class QuantBackendError(RuntimeError):
+class QuantBackendError(CloverError, RuntimeError):
     """The requested type needs libggml and none was found."""
 
 

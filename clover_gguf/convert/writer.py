@@ -1,7 +1,7 @@
 """The GGUF file a conversion writes: a locked temporary file in the output folder, published
 whole at the end (outputs.output_file), with SIGTERM/SIGHUP unwinding it like Ctrl-C; the
 header, metadata and tensor infos (gguf-py's GGUFWriter), then the data. Used by the converter
-and by synthetic GGUFs (gguf_io/synth.py)."""
+and by synthetic GGUFs (clover_gguf/synthetic.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ..constants import ARCH
 from ..outputs import OutputError, output_file
 from . import ConvertError
 from .pipeline import Pipeline, TensorError
-from .plan import Plan
+from .tensor_plan import Plan
 
 
 class Terminated(KeyboardInterrupt):

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..constants import DEFAULT_THRESHOLD
+from ..errors import CloverError, os_error_line
 from ..options import RANGES, InputPath, int_list, option_type
 
 POS = option_type("count")
@@ -49,19 +50,11 @@ def one_line_errors(f):
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        from ..convert import ConvertError
-        from ..runtime.bindings import RuntimeNotBuilt
-        from ..runtime.runtime import RuntimeError_
-        from .corpus import EvalCorpusError
-        from .quality import QualityError
-
         try:
             return f(*args, **kwargs)
-        except (QualityError, EvalCorpusError, ConvertError, RuntimeError_, RuntimeNotBuilt, ValueError) as e:
+        except (CloverError, ValueError) as e:
             raise click.ClickException(str(e)) from None
         except OSError as e:
-            from ..errors import os_error_line
-
             raise click.ClickException(os_error_line(e)) from None
 
     return wrapper

@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import CloverError
+
 DEFAULT_RATIOS = (0.15, 0.5, 0.85, 1.0)
 DEFAULT_SEED = 1234
 PROBE_MIN_DIST = 64  # tokens
@@ -37,7 +39,7 @@ HISTORY_BINS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{2,}$")
 
 
-class EvalCorpusError(RuntimeError):
+class EvalCorpusError(CloverError, RuntimeError):
     pass
 
 

@@ -58,7 +58,7 @@ class PassesConfig:
 
 def model_pair(work: Path, layers: int, head: str, log=print) -> tuple[Path, Path]:
     """The synthetic Clover GGUF and its Qwen3-MoE twin (written once, reused)."""
-    from ..gguf_io.synth import write_synthetic_gguf
+    from ..synthetic import write_synthetic_gguf
     from .upstream import write_twin
 
     work.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ from ..checkpoint import Checkpoint
 from ..config import CloverConfig
 from ..constants import DEFAULT_THRESHOLD
 from ..convert.fingerprint import weights_sha256
+from ..errors import CloverError
 from ..outputs import output_file, write_json
 from ..reference.generate import NonFiniteError
 from ..util import EVALDATA, default_threads
@@ -59,7 +60,7 @@ DEFAULT_TOP_K = "auto"
 SCHEMA = "clover-gguf-eval/1"
 
 
-class QualityError(RuntimeError):
+class QualityError(CloverError, RuntimeError):
     pass
 
 

@@ -32,10 +32,11 @@ from ..constants import (
     spec_for_hf,
 )
 from ..convert import quants
+from ..errors import CloverError
 from ..limits import BY_GGUF, LIMITS, LimitError, check_config_values, check_token_id, fmt_value
 
 
-class GGUFReadError(ValueError):
+class GGUFReadError(CloverError, ValueError):
     """A file that is not a (valid Clover) GGUF; the message names the file and the key or tensor."""
 
 

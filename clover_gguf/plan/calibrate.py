@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..convert.plan import build_plan
 from ..convert.recipes import TypeRules
+from ..convert.tensor_plan import build_plan
 from ..inputs import InputError, regular_file
 from ..outputs import check_replaceable, write_json
 from . import cost
@@ -29,9 +29,9 @@ from .sizes import PlanError
 
 def gguf_plan(path: Path):
     """(config, converter plan with the GGUF's own tensor types)."""
-    from ..convert.plan import Plan, PlanEntry
+    from ..convert.tensor_plan import Plan, PlanEntry
     from ..gguf_io.reader import config_from_reader, open_gguf
-    from ..gguf_io.synth import SyntheticSource
+    from ..synthetic import SyntheticSource
 
     r = open_gguf(path)
     cfg = config_from_reader(r, path)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..config import CloverConfig
 from ..convert import quants
-from ..convert.plan import Plan
+from ..convert.tensor_plan import Plan
 from .kernels import FLOAT_TYPES, MMQ_MAX_ROWS_MMVQ, KernelTable
 from .routing import Routing, uniform
 

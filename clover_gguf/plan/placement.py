@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..convert.plan import fmt_bytes
+from ..convert.tensor_plan import fmt_bytes
+from ..errors import CloverError
 from . import vram
 
 EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(up|down|gate|gate_up)_exps\.")
@@ -25,7 +26,7 @@ LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
 GGML_BACKEND_DEVICE_TYPE_GPU = 1
 
 
-class FitError(ValueError):
+class FitError(CloverError, ValueError):
     """Even with every offloaded layer's experts in CPU memory the rest does not fit: one line."""
 
 

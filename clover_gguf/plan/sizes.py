@@ -1,4 +1,4 @@
-"""Exact sizes of a recipe, without converting: the converter's own plan (convert.plan.build_plan)
+"""Exact sizes of a recipe, without converting: the converter's own plan (convert.tensor_plan.build_plan)
 run over a model's tensor names and shapes, from a checkpoint's headers, a GGUF's metadata or a
 preset's config. A recipe here is a type per tensor group (GroupTypes), written as the
 convert options that reproduce it."""
@@ -13,14 +13,15 @@ from pathlib import Path
 from ..config import CloverConfig, preset
 from ..constants import TENSOR_GROUPS
 from ..convert import quants
-from ..convert.plan import Plan, build_plan
 from ..convert.recipes import OUTTYPE_GROUPS, TypeRules
+from ..convert.tensor_plan import Plan, build_plan
+from ..errors import CloverError
 
 # the groups a recipe chooses types for (router/memory/conv/norms stay F32)
 GROUPS = ("experts_gate_up", "experts_down", "shared_expert", "attention", "embeddings", "output")
 
 
-class PlanError(ValueError):
+class PlanError(CloverError, ValueError):
     """A bad plan input or option: one line."""
 
 
@@ -40,12 +41,12 @@ class Source:
     config: CloverConfig
     label: str  # what the user gave (a folder, a .gguf, a preset)
     convert_arg: str  # MODEL_DIR in the printed convert line
-    ck: object  # Checkpoint or synth.SyntheticSource (names, shapes, dtypes)
+    ck: object  # Checkpoint or synthetic.SyntheticSource (names, shapes, dtypes)
     path: Path | None = None  # the model folder or GGUF file (None for --shape)
 
 
 def open_source(model: str | None, shape: str | None = None, layers: int | None = None) -> Source:
-    from ..gguf_io.synth import SyntheticSource
+    from ..synthetic import SyntheticSource
 
     if (model is None) == (shape is None):
         raise PlanError("give MODEL_DIR, MODEL.gguf or --shape NAME (one of them)")

@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from ..constants import DEFAULT_THRESHOLD
+from ..errors import CloverError
 from .sampling import candidates, row_key, step_key
 
 
@@ -22,7 +23,7 @@ class LogitsBackend(Protocol):
     def commit(self, block: list[int]) -> None: ...
 
 
-class NonFiniteError(ValueError):
+class NonFiniteError(CloverError, ValueError):
     """A denoising step's logits are not finite (NaN or Inf): generation stops instead of turning
     them into tokens. The message says where, and the first layer or tensor whose output went
     non-finite when a debug pass found it (reference/nonfinite.py, runtime/nonfinite.py)."""

@@ -17,10 +17,12 @@ import socket
 import sys
 from pathlib import Path
 
+from ..errors import CloverError
+
 llama_token = ctypes.c_int32
 
 
-class RuntimeNotBuilt(RuntimeError):
+class RuntimeNotBuilt(CloverError, RuntimeError):
     """llama-cpp-python with the Clover patches is not installed in this environment."""
 
 
@@ -422,7 +424,7 @@ def token_ptr(ids) -> ctypes.Array:
 # --------------------------------------------------------------------------- RPC devices
 
 
-class RpcError(RuntimeError):
+class RpcError(CloverError, RuntimeError):
     """An RPC server could not be used (runtime built without GGML_RPC, unreachable, ...)."""
 
 

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import CloverError
 from ..util import REPO_ROOT, sha256_file
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -55,7 +56,7 @@ STAMP_VERSION = 1
 PATCH_DIR = REPO_ROOT / "patches"
 
 
-class BuildError(RuntimeError):
+class BuildError(CloverError, RuntimeError):
     """A step of the runtime build failed; the message says which and how to fix it."""
 
 

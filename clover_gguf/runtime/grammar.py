@@ -12,6 +12,7 @@ import ctypes
 import json
 import re
 
+from ..errors import CloverError
 from . import bindings as B
 
 # what a request may make the server build: larger schemas and grammars are refused
@@ -25,7 +26,7 @@ MAX_OPTIONAL_PROPERTIES = 256
 JSON_OBJECT_SCHEMA = {"type": "object"}
 
 
-class SchemaError(ValueError):
+class SchemaError(CloverError, ValueError):
     """A JSON schema the converter refuses; the message says why (one line)."""
 
 

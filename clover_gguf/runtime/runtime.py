@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..constants import DEFAULT_THRESHOLD
+from ..errors import CloverError
 from ..inputs import InputError, regular_file
 from ..options import GGML_MAX_N_THREADS, RANGES
 from ..plan.vram import runtime_n_ubatch
@@ -34,7 +35,7 @@ from . import bindings as B
 from .bindings import RuntimeNotBuilt  # noqa: F401  (re-exported)
 
 
-class RuntimeError_(RuntimeError):
+class RuntimeError_(CloverError, RuntimeError):
     """A clover_* call failed."""
 
 
@@ -42,7 +43,7 @@ class RuntimeLoadError(RuntimeError_):
     """llama.cpp refused the file; the message is one line naming the file and the reason."""
 
 
-class GrammarError(ValueError):
+class GrammarError(CloverError, ValueError):
     """llama.cpp's grammar parser refused a GenerationConfig.grammar; the message says why."""
 
 

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import CloverError
 from .logprobs import MAX_TOP_CHAT, MAX_TOP_COMPLETIONS
 
 IMPLEMENTED = "implemented"
@@ -31,7 +32,7 @@ INT32_MAX = 2**31 - 1
 SEED_MAX = 2**32 - 1  # the runtime's seed is 32 bits
 
 
-class FieldProblem(ValueError):
+class FieldProblem(CloverError, ValueError):
     """A request field is wrong: `param` names it; `code` is OpenAI's error code, if any."""
 
     def __init__(self, message: str, param: str | None, code: str | None = None):

@@ -22,6 +22,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from ..errors import CloverError
 from ..runtime.grammar import JSON_OBJECT_SCHEMA, SchemaError, json_schema_to_grammar, prefix_rules, tool_call_grammar
 from ..tokenizer import END_TOOL_CALL, TOOL_CALL
 
@@ -29,7 +30,7 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_TOOLS = 128
 
 
-class FieldError(ValueError):
+class FieldError(CloverError, ValueError):
     """A request field is wrong; `param` names it (the server answers 400)."""
 
     def __init__(self, message: str, param: str):

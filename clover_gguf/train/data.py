@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CloverError
 from ..util import EVALDATA
 
 HELDOUT_MANIFEST = EVALDATA / "heldout-stdlib.json"
@@ -50,7 +51,7 @@ HELDOUT_SALT = "clover-heldout-v1"
 HELDOUT_NEVER = frozenset({"encodings", "pydoc_data", "idlelib", "turtledemo", "this"})
 
 
-class CorpusError(RuntimeError):
+class CorpusError(CloverError, RuntimeError):
     pass
 
 

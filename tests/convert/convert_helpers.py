@@ -48,7 +48,7 @@ def small_config(**over):
 
 
 def write_synth(out_dir, fused=False, seed=0, shard_size_mb=2000, **over):
-    from clover_gguf.gguf_io.synth import write_synthetic
+    from clover_gguf.synthetic import write_synthetic
 
     return write_synthetic(
         out_dir, small_config(**over), fused=fused, seed=seed, shard_size_mb=shard_size_mb, progress=False

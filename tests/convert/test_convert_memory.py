@@ -11,7 +11,7 @@ import sys
 
 from convert_helpers import REPO, small_config
 
-from clover_gguf.gguf_io.synth import write_synthetic
+from clover_gguf.synthetic import write_synthetic
 
 CHILD = r"""
 import gc, json, sys

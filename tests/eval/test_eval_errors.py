@@ -153,7 +153,7 @@ def test_same_shapes_other_weights_is_refused(tmp_path):
     (KL 3.5, exit 0). The GGUF records the source weights' fingerprint; eval compares it."""
     from clover_gguf.config import CloverConfig
     from clover_gguf.convert.converter import convert
-    from clover_gguf.gguf_io.synth import write_synthetic
+    from clover_gguf.synthetic import write_synthetic
 
     other = tmp_path / "other"
     write_synthetic(other, CloverConfig.load(RC), seed=3, progress=False)

@@ -150,7 +150,7 @@ def test_routing_measurement_runs(tmp_path):
 def test_routing_changes_the_cost():
     """Fewer touched experts, less GPU time: the cost model reads the routing it is given."""
     cfg, plan = C35.config, None
-    from clover_gguf.plan import _q4_k_m
+    from clover_gguf.plan.planner import _q4_k_m
     from clover_gguf.plan.sizes import exact_plan
 
     plan = exact_plan(C35, _q4_k_m())

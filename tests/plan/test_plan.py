@@ -16,7 +16,7 @@ from convert_helpers import TINY, write_synth  # noqa: E402
 from clover_gguf.cli import cli  # noqa: E402
 from clover_gguf.convert.converter import convert  # noqa: E402
 from clover_gguf.plan import cost, make_plan  # noqa: E402
-from clover_gguf.plan.fit import Curves, budget_rules, fit_budget  # noqa: E402
+from clover_gguf.plan.budget import Curves, budget_rules, fit_budget  # noqa: E402
 from clover_gguf.plan.gpus import GPUS, find_gpu  # noqa: E402
 from clover_gguf.plan.sizes import GroupTypes, PlanError, exact_plan, open_source, parse_size  # noqa: E402
 
@@ -79,8 +79,8 @@ def test_35b_plan_has_vram_and_split_options():
     assert split[0]["speed"]["4"]["tok_s"] < best_vram
     # q4_k_m is the converter's named recipe: same bytes
     q4 = next(o for o in p["options"] if o["name"] == "q4_k_m in VRAM")
-    from clover_gguf.convert.plan import build_plan
     from clover_gguf.convert.recipes import TypeRules
+    from clover_gguf.convert.tensor_plan import build_plan
 
     assert q4["tensor_bytes"] == build_plan(src.ck, TypeRules.make(recipe="q4_k_m")).total_bytes
 

@@ -534,7 +534,7 @@ def tok_model(lib, tmp_path_factory):
     import shutil
 
     from clover_gguf.config import preset
-    from clover_gguf.gguf_io.synth import write_synthetic
+    from clover_gguf.synthetic import write_synthetic
     from clover_gguf.tokenizer import CloverTokenizer
 
     assert (TINY / "tokenizer.json").exists(), f"no tokenizer in {TINY}"

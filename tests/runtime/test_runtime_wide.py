@@ -33,9 +33,9 @@ def wide(tmp_path_factory):
     from clover_gguf.config import preset
     from clover_gguf.convert.converter import convert
     from clover_gguf.gguf_io.reader import load_gguf_as_hf_tensors
-    from clover_gguf.gguf_io.synth import write_synthetic
     from clover_gguf.reference.model import CloverModel
     from clover_gguf.runtime.runtime import CloverRuntime
+    from clover_gguf.synthetic import write_synthetic
 
     d = tmp_path_factory.mktemp("wide")
     cfg = preset(

@@ -1,5 +1,7 @@
-"""Seeded synthetic Clover checkpoints (random weights, real tensor shapes), written
-shard by shard, tensor by tensor: memory stays bounded by the largest tensor."""
+"""Seeded synthetic Clover models (random weights, real tensor shapes): safetensors
+checkpoints written shard by shard, tensor by tensor (memory stays bounded by the largest
+tensor), their headers alone (SyntheticSource, for the planner's sizes), and GGUFs of random
+quantized blocks written through the converter's plan and writer (write_synthetic_gguf)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..checkpoint import INDEX_NAME, SINGLE_NAME
-from ..config import CloverConfig
-from ..constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER
-from ..outputs import check_replaceable, output_file, write_json
+from .checkpoint import INDEX_NAME, SINGLE_NAME
+from .config import CloverConfig
+from .constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER
+from .outputs import check_replaceable, output_file, write_json
 
 _ST_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
@@ -154,7 +156,7 @@ def _float_rows(entry, seed: int) -> torch.Tensor:
 def _random_rows(entry, seed: int, threads: int) -> np.ndarray:
     """POOL_ROWS valid quantized rows of the entry's type, from normal values at the scale a
     trained weight of that fan-in has."""
-    from ..convert import quants
+    from .convert import quants
 
     g = torch.Generator().manual_seed(seed ^ int(hashlib.sha256(entry.name.encode()).hexdigest()[:12], 16))
     n = entry.shape[-1]
@@ -179,12 +181,12 @@ def write_synthetic_gguf(
     quantization of the whole model), small float tensors get a synthetic checkpoint's values.
     The file loads and runs in the runtime like a converted one (a random model)."""
 
-    from ..convert import quants
-    from ..convert.converter import temporary_output, write_gguf
-    from ..convert.metadata import metadata, placeholder_vocab
-    from ..convert.plan import build_plan
-    from ..convert.recipes import TypeRules
-    from ..util import default_threads
+    from .convert import quants
+    from .convert.metadata import metadata, placeholder_vocab
+    from .convert.recipes import TypeRules
+    from .convert.tensor_plan import build_plan
+    from .convert.writer import temporary_output, write_gguf
+    from .util import default_threads
 
     out = Path(out_path)
     check_replaceable(out, force=True, tag="convert")  # before the work

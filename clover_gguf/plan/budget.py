@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..convert import quants
-from ..convert.plan import fmt_bytes
+from ..convert.tensor_plan import fmt_bytes
 from .sizes import GROUPS, GroupTypes, PlanError, Source, exact_plan, header_bytes_estimate
 
 CURVES_DIR = Path(__file__).resolve().parents[2] / "evaldata" / "sensitivity" / "clover-tiny"

@@ -1,4 +1,4 @@
-"""clover-tiny's quality checks (clover_gguf/train/quality.py)."""
+"""clover-tiny's quality checks (clover_gguf/train/model_checks.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from clover_gguf.train import data
-from clover_gguf.train import quality as Q
+from clover_gguf.train import model_checks as Q
 from clover_gguf.train import trainer as T
 from tests.train.test_train import tiny_config
 
