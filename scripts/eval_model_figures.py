@@ -35,7 +35,8 @@ def main(argv=None) -> int:
 
     from clover_gguf.reference.model import CloverModel
     from clover_gguf.tokenizer import CloverTokenizer
-    from clover_gguf.train import data, model_checks as quality
+    from clover_gguf.train import data
+    from clover_gguf.train import model_checks as quality
 
     torch.set_num_threads(a.threads)
     if not (Path(a.model) / "model.safetensors").is_file():

@@ -328,9 +328,7 @@ class Target:
             self.model = Path(self.tmp.name) / "clover-tiny-bf16.gguf"
             from clover_gguf.convert.converter import convert
 
-            convert(
-                REPO / "models" / "clover-tiny", self.model, recipe="bf16", progress=False
-            )
+            convert(REPO / "models" / "clover-tiny", self.model, recipe="bf16", progress=False)
         self.key = API_KEY
         log = self.log.with_name(f"{self.log.stem}-{len(self.logs)}{self.log.suffix}")
         self.logs.append(str(log))
