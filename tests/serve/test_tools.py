@@ -80,6 +80,32 @@ def test_required_tool_calls_validate_20_of_20(client, model_id):
         assert ch.finish_reason in ("tool_calls", "length")
 
 
+def test_streamed_required_tool_calls_validate_20_of_20(client, model_id):
+    """Streamed, every call arrives whole in one delta.tool_calls chunk, validates against its
+    tool's schema, and equals the non-streamed reply's (greedy: the same tokens)."""
+    for p in PROMPTS:
+        kw = dict(
+            model=model_id,
+            messages=[{"role": "user", "content": p}],
+            tools=TOOLS,
+            tool_choice="required",
+            max_tokens=192,
+            extra_body=NO_THINK,
+        )
+        streamed, finish = [], None
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            if chunk.choices:
+                streamed += chunk.choices[0].delta.tool_calls or []
+                finish = chunk.choices[0].finish_reason or finish
+        _valid_calls(streamed)
+        assert [c.index for c in streamed] == list(range(len(streamed)))
+        assert finish in ("tool_calls", "length")
+        whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+        assert [(c.function.name, c.function.arguments) for c in streamed] == [
+            (c.function.name, c.function.arguments) for c in whole
+        ]
+
+
 def test_streamed_tool_calls_equal_the_reply(client, model_id):
     kw = dict(
         model=model_id,
