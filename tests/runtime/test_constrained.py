@@ -134,3 +134,41 @@ def test_tool_call_grammar_composes_tools_without_name_clashes(rt):
         prefix_rules('root ::= "root" [a-z] <think> x\nx ::= "y"', "p-")
         == 'p-root ::= "root" [a-z] <think> p-x\np-x ::= "y"'
     )
+
+
+def test_an_untrained_model_still_writes_valid_json(tmp_path):
+    """The guarantee is the grammar's, not the model's: random weights of clover-tiny's shapes,
+    with its tokenizer, still give JSON that validates, at every schedule."""
+    import shutil
+
+    from clover_gguf.config import CloverConfig
+    from clover_gguf.convert.converter import convert
+    from clover_gguf.runtime.runtime import CloverRuntime
+    from clover_gguf.synthetic import write_synthetic
+
+    d = write_synthetic(tmp_path / "random", CloverConfig.load(TINY / "config.json"), seed=3, progress=False)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY / f, d / f)
+    gguf = tmp_path / "random.gguf"
+    convert(d, gguf, recipe="q4_k", progress=False)
+    schema = {
+        "type": "object",
+        "properties": {
+            "kind": {"enum": ["bug", "style", "perf"]},
+            "line": {"type": "integer", "minimum": 1, "maximum": 999},
+            "fixed": {"type": "boolean"},
+            "note": {"type": "string", "maxLength": 8},
+        },
+        "required": ["kind", "line", "fixed", "note"],
+        "additionalProperties": False,
+    }
+    g = json_schema_to_grammar(schema)
+    rt = CloverRuntime(gguf, n_threads=1)
+    try:
+        ids = rt.tokenize(rt.chat_prompt([{"role": "user", "content": "A finding, as JSON"}], enable_thinking=False))
+        for cfg in (dict(), dict(steps=4), dict(temperature=1.0, seed=5)):
+            res = rt.generate(ids, GenerationConfig(max_new_tokens=256, block_size=16, grammar=g, **cfg))
+            assert len(res.tokens) < 256, cfg
+            jsonschema.validate(json.loads(_text(rt, res)), schema)
+    finally:
+        rt.close()

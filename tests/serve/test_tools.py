@@ -106,6 +106,28 @@ def test_streamed_required_tool_calls_validate_20_of_20(client, model_id):
         ]
 
 
+def test_parallel_tool_calls_false_gives_one_call(client, model_id):
+    """With parallel_tool_calls false the grammar allows one call: the replies that held several
+    calls now hold one, the first of them (greedy: the same tokens up to its end)."""
+    several = 0
+    for p in PROMPTS:
+        kw = dict(
+            model=model_id,
+            messages=[{"role": "user", "content": p}],
+            tools=TOOLS,
+            tool_choice="required",
+            max_tokens=192,
+            extra_body=NO_THINK,
+        )
+        free = client.chat.completions.create(**kw).choices[0].message.tool_calls
+        one = client.chat.completions.create(parallel_tool_calls=False, **kw).choices[0].message.tool_calls
+        _valid_calls(one)
+        assert len(one) == 1
+        assert (one[0].function.name, one[0].function.arguments) == (free[0].function.name, free[0].function.arguments)
+        several += len(free) > 1
+    print(f"{several}/{len(PROMPTS)} replies held several calls with parallel_tool_calls true")
+
+
 def test_streamed_tool_calls_equal_the_reply(client, model_id):
     kw = dict(
         model=model_id,
