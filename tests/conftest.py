@@ -51,6 +51,7 @@ RUNTIME_TESTS = (
     "tests/test_nonfinite.py::test_runtime_python_loop_and_batch",
     "tests/test_nonfinite.py::test_healthy_model_debug_pass_finds_nothing",
     "tests/test_nonfinite.py::test_one_minus_inf_logit_stops_generation",
+    "tests/test_inputs.py::test_llama_clover_cli_refuses_a_fifo",
     "tests/test_messages.py::test_run_under_an_address_space_limit",
 )
 

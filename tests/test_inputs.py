@@ -149,6 +149,21 @@ def test_runtime_refuses_a_fifo(tmp_path, fifo):
     assert not f.fed
 
 
+def test_llama_clover_cli_refuses_a_fifo(tmp_path, fifo):
+    """patches/0011: llama.cpp's own tool stats -m first instead of blocking on open()."""
+    import subprocess
+
+    from clover_gguf.runtime.build import runtime_paths
+
+    f = fifo(tmp_path / "x.gguf")
+    cli_bin = runtime_paths()["bin_dir"] / "llama-clover-cli"
+    r = subprocess.run(
+        [str(cli_bin), "-m", str(f.path), "-p", "hi", "-n", "4"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode != 0 and not f.fed
+    assert r.stderr.strip().endswith("x.gguf: not a regular file") and r.stderr.count("\n") == 1, r.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     from clover_gguf.convert.converter import convert
