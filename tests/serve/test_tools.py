@@ -65,16 +65,21 @@ def _valid_calls(calls, names=None):
         jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
 
 
+def _required(model_id, prompt) -> dict:
+    """A chat request for one or more calls of TOOLS."""
+    return dict(
+        model=model_id,
+        messages=[{"role": "user", "content": prompt}],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=192,
+        extra_body=NO_THINK,
+    )
+
+
 def test_required_tool_calls_validate_20_of_20(client, model_id):
     for p in PROMPTS:
-        r = client.chat.completions.create(
-            model=model_id,
-            messages=[{"role": "user", "content": p}],
-            tools=TOOLS,
-            tool_choice="required",
-            max_tokens=192,
-            extra_body=NO_THINK,
-        )
+        r = client.chat.completions.create(**_required(model_id, p))
         ch = r.choices[0]
         _valid_calls(ch.message.tool_calls)
         assert ch.finish_reason in ("tool_calls", "length")
@@ -84,14 +89,7 @@ def test_streamed_required_tool_calls_validate_20_of_20(client, model_id):
     """Streamed, every call arrives whole in one delta.tool_calls chunk, validates against its
     tool's schema, and equals the non-streamed reply's (greedy: the same tokens)."""
     for p in PROMPTS:
-        kw = dict(
-            model=model_id,
-            messages=[{"role": "user", "content": p}],
-            tools=TOOLS,
-            tool_choice="required",
-            max_tokens=192,
-            extra_body=NO_THINK,
-        )
+        kw = _required(model_id, p)
         streamed, finish = [], None
         for chunk in client.chat.completions.create(stream=True, **kw):
             if chunk.choices:
@@ -111,14 +109,7 @@ def test_parallel_tool_calls_false_gives_one_call(client, model_id):
     calls now hold one, the first of them (greedy: the same tokens up to its end)."""
     several = 0
     for p in PROMPTS:
-        kw = dict(
-            model=model_id,
-            messages=[{"role": "user", "content": p}],
-            tools=TOOLS,
-            tool_choice="required",
-            max_tokens=192,
-            extra_body=NO_THINK,
-        )
+        kw = _required(model_id, p)
         free = client.chat.completions.create(**kw).choices[0].message.tool_calls
         one = client.chat.completions.create(parallel_tool_calls=False, **kw).choices[0].message.tool_calls
         _valid_calls(one)
