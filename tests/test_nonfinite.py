@@ -175,8 +175,8 @@ def test_healthy_model_debug_pass_finds_nothing(tmp_path):
 
 @pytest.mark.parametrize(
     "kw",
-    [{}, {"n_probs": 2}, {"temperature": 0.7, "top_k": 5}],
-    ids=["graph-candidate", "host-top-probs", "host-top-k"],
+    [{}, {"n_probs": 2}, {"temperature": 0.7, "top_k": 5}, {"grammar": "root ::= [^\\x00]*"}],
+    ids=["graph-candidate", "host-top-probs", "host-top-k", "host-constrained"],
 )
 def test_one_minus_inf_logit_stops_generation(kw):
     """Found by the seed-7 GGUF fuzz campaign (tests/data/fuzz/nonfinite-neginf-*): a huge BF16
