@@ -28,7 +28,7 @@ from pathlib import Path
 from ..outputs import save_figure, write_json, write_text
 from ..util import EVALDATA
 from .metrics import spread
-from .render_helpers import config_markdown, md_table, pyplot
+from .render.helpers import config_markdown, md_table, pyplot
 
 AGENT_TRACES = EVALDATA / "agent"
 TOOLS = ("list_files", "read_file", "grep", "run", "edit")

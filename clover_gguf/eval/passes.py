@@ -27,7 +27,7 @@ from ..config import preset
 from ..outputs import save_figure, write_json, write_text
 from ..reference.generate import GenerationConfig
 from .metrics import spread
-from .render_helpers import config_markdown, md_table, pyplot, spread_cell
+from .render.helpers import config_markdown, md_table, pyplot, spread_cell
 
 HEADS = {  # lm_head variants: experts Q4_K, the rest Q8_0 | q4_k_m (Q6_K output)
     "q8_0": dict(recipe=None, outtype="q8_0", experts="q4_k"),

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from ..outputs import save_figure, write_text
-from .render_helpers import MiB, config_markdown, fmt_num, md_table, pyplot, spread_cell
+from .render.helpers import MiB, config_markdown, fmt_num, md_table, pyplot, spread_cell
 
 # ---- quality ------------------------------------------------------------------------------
 

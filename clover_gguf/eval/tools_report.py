@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .render_helpers import config_markdown, md_table, pyplot
+from .render.helpers import config_markdown, md_table, pyplot
 
 PCT_FIGURES = [
     ("valid_calls", "valid calls %"),
