@@ -104,7 +104,7 @@ def add_rows(
     were. The sample must be the bundle's own (same windows, blocks, seed, prompts), so the new
     rows compare with the old ones."""
     from .quality import Generation, Sampling
-    from .report import render
+    from .render.report import render
 
     out, work = Path(out_dir), Path(work_dir)
     run_file = out / "run.json"
@@ -173,7 +173,7 @@ def run_baseline(
     stage takes the same sampling, with sens_kw's "n_windows", and its "qtype")."""
     from .backends import runtime_status
     from .quality import Generation, Sampling
-    from .report import render
+    from .render.report import render
     from .sensitivity import run_sensitivity
     from .speed import run_speed
 

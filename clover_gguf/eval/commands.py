@@ -168,7 +168,7 @@ def quality_cmd(
 ):
     """KL / NLL / top-1 / generation agreement of GGUFs against the reference."""
     from .quality import Generation, run_quality
-    from .report import render
+    from .render.report import render
 
     run_quality(
         reference,
@@ -252,7 +252,7 @@ def speed_cmd(
     out_dir,
 ):
     """Prompt/generation tokens/s, step time, load time, peak memory, each over N runs."""
-    from .report import render
+    from .render.report import render
     from .speed import parse_sweep, run_speed
 
     if not ggufs and not reference:
@@ -370,7 +370,7 @@ def sensitivity_cmd(
     """KL and bytes of each tensor group quantized alone (per type: the curves `plan` and
     `--recipe fit:SIZE` use)."""
     from ..convert import quants
-    from .report import render
+    from .render.report import render
     from .sensitivity import DEFAULT_GROUPS, DEFAULT_QTYPE, run_sensitivity
 
     qtypes = list(qtypes) or [DEFAULT_QTYPE]
@@ -733,6 +733,6 @@ def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, step
 @one_line_errors
 def report_command(run_json, out_dir):
     """Render a saved eval JSON (quality, speed, sensitivity or bundle) to Markdown + PNG."""
-    from .report import render
+    from .render.report import render
 
     click.echo(f"wrote {render(run_json, out_dir)}")

@@ -11,8 +11,8 @@ import json
 import math
 from pathlib import Path
 
-from ..outputs import save_figure, write_text
-from .render.helpers import MiB, config_markdown, fmt_num, md_table, pyplot, spread_cell
+from ...outputs import save_figure, write_text
+from .helpers import MiB, config_markdown, fmt_num, md_table, pyplot, spread_cell
 
 # ---- quality ------------------------------------------------------------------------------
 
@@ -569,15 +569,15 @@ def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str
     out = Path(out_dir) if out_dir else (src.parent if src else Path("."))
     out.mkdir(parents=True, exist_ok=True)
     if run.get("kind") == "agent":
-        from .agent import render_agent
+        from ..agent import render_agent
 
         return render_agent(run, out)
     if run.get("kind") == "tools":
-        from .tools_report import render_tools
+        from ..tools_report import render_tools
 
         return render_tools(run, out)
     if run.get("kind") == "passes":
-        from .passes import render_passes
+        from ..passes import render_passes
 
         return render_passes(run, out)
     secs = sections(run)
