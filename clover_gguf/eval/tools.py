@@ -419,7 +419,7 @@ def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print
     tmp = out / "tools.json.tmp"
     tmp.write_text(json.dumps(run, indent=1))
     tmp.replace(out / "tools.json")
-    from .tools_report import render_tools
+    from .render.tools import render_tools
 
     render_tools(run, out)
     return run

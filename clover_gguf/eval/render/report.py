@@ -122,7 +122,7 @@ def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str
 
         return render_agent(run, out)
     if run.get("kind") == "tools":
-        from ..tools_report import render_tools
+        from .tools import render_tools
 
         return render_tools(run, out)
     if run.get("kind") == "passes":

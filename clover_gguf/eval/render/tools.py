@@ -1,10 +1,10 @@
-"""report.md and tools.png of `clover-gguf eval tools` (eval/tools.py) from its run dict."""
+"""report.md and tools.png of `clover-gguf eval tools` from its run dict."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .render.helpers import config_markdown, md_table, pyplot
+from .helpers import config_markdown, md_table, pyplot
 
 PCT_FIGURES = [
     ("valid_calls", "valid calls %"),
