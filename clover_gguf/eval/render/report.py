@@ -126,7 +126,7 @@ def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str
 
         return render_tools(run, out)
     if run.get("kind") == "passes":
-        from ..passes import render_passes
+        from .passes import render_passes
 
         return render_passes(run, out)
     return render_sections(run, out, title)
