@@ -118,7 +118,7 @@ def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str
     out = Path(out_dir) if out_dir else (src.parent if src else Path("."))
     out.mkdir(parents=True, exist_ok=True)
     if run.get("kind") == "agent":
-        from ..agent import render_agent
+        from .agent import render_agent
 
         return render_agent(run, out)
     if run.get("kind") == "tools":
