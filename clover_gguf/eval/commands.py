@@ -732,7 +732,8 @@ def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, step
 )
 @one_line_errors
 def report_command(run_json, out_dir):
-    """Render a saved eval JSON (quality, speed, sensitivity or bundle) to Markdown + PNG."""
+    """Render a saved eval JSON (quality, speed, sensitivity, bundle, tools, passes, agent or
+    throughput) to Markdown + PNG."""
     from .render.report import render
 
     click.echo(f"wrote {render(run_json, out_dir)}")

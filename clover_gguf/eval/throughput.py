@@ -12,14 +12,14 @@ graphs than steps: the requests were decoded together).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from pathlib import Path
 
-from ..outputs import write_json, write_text
+from ..outputs import write_json
 from .metrics import spread
+from .render.throughput import render_throughput
 
 PROMPTS = [
     "def add(a, b):\n",
@@ -94,6 +94,50 @@ def one_run(client, model: str, n_clients: int, requests: int, max_tokens: int, 
     }
 
 
+def measure_parallel(gguf, n: int, out: Path, server_args: tuple, runs: int, requests: int, max_tokens: int,
+                     clover: dict) -> dict:  # fmt: skip
+    """Start `clover-gguf serve GGUF --parallel n`, warm it up, time `runs` runs; the runs, the
+    server's counters before and after them and the load average around them."""
+    from openai import OpenAI
+
+    from ..serve.local import LocalServer
+    from .agent import server_props
+
+    args = ("--parallel", str(n), "--ctx-cache", "0", *server_args)
+    with LocalServer(gguf, *args, log_path=out / f"server-np{n}.log") as srv:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=600, max_retries=0)
+        model = client.models.list().data[0].id
+        one_run(client, model, n, 1, 8, clover)  # warm-up (graphs, allocations): not recorded
+        before = server_props(srv.url, None)["stats"]
+        load0 = _loadavg()
+        rs = [one_run(client, model, n, requests, max_tokens, clover) for _ in range(runs)]
+        load1 = _loadavg()
+        after = server_props(srv.url, None)["stats"]
+    return {"runs": rs, "before": before, "after": after, "load": (load0, load1)}
+
+
+def parallel_result(n: int, requests: int, m: dict, same: bool) -> dict:
+    """One N's row of throughput.json from measure_parallel's record."""
+    rs, before, after = m["runs"], m["before"], m["after"]
+    d = {k: after[k] - before[k] for k in ("groups", "denoise_graphs", "sequence_steps")}
+    return {
+        "parallel": n,
+        "requests_per_run": n * requests,
+        "tok_per_s": spread(r["tok_per_s"] for r in rs),
+        "positions_per_s": spread(r["positions_per_s"] for r in rs),
+        "wall_s": spread(r["wall_s"] for r in rs),
+        "latency_s": spread(x for r in rs for x in r["latency_s"]),
+        "completion_tokens": sum(r["completion_tokens"] for r in rs),
+        "groups": d["groups"],
+        "largest_group": after["largest_group"],
+        "denoise_graphs": d["denoise_graphs"],
+        "sequence_steps": d["sequence_steps"],
+        "same_replies_as_first": same,
+        "loadavg_before": m["load"][0],
+        "loadavg_after": m["load"][1],
+    }
+
+
 def run_throughput(
     gguf,
     out_dir: str | Path,
@@ -107,10 +151,6 @@ def run_throughput(
 ) -> dict:
     """Start `clover-gguf serve GGUF --parallel N *server_args` for each N, measure, write
     throughput.json and throughput.md to out_dir."""
-    from openai import OpenAI
-
-    from ..serve.local import LocalServer
-    from .agent import server_props
     from .sysinfo import environment
 
     clover = dict(clover or {})
@@ -119,45 +159,21 @@ def run_throughput(
     results = []
     reference: dict[str, str] | None = None
     for n in parallel:
-        args = ("--parallel", str(n), "--ctx-cache", "0", *server_args)
-        with LocalServer(gguf, *args, log_path=out / f"server-np{n}.log") as srv:
-            client = OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=600, max_retries=0)
-            model = client.models.list().data[0].id
-            one_run(client, model, n, 1, 8, clover)  # warm-up (graphs, allocations): not recorded
-            before = server_props(srv.url, None)["stats"]
-            load0 = _loadavg()
-            rs = [one_run(client, model, n, requests, max_tokens, clover) for _ in range(runs)]
-            load1 = _loadavg()
-            after = server_props(srv.url, None)["stats"]
+        m = measure_parallel(gguf, n, out, server_args, runs, requests, max_tokens, clover)
         replies = {}
-        for r in rs:
+        for r in m["runs"]:
             replies.update(r.pop("replies"))
         if reference is None:
             reference = replies
         same = all(reference.get(p, t) == t for p, t in replies.items())
-        d = {k: after[k] - before[k] for k in ("groups", "denoise_graphs", "sequence_steps")}
-        res = {
-            "parallel": n,
-            "requests_per_run": n * requests,
-            "tok_per_s": spread(r["tok_per_s"] for r in rs),
-            "positions_per_s": spread(r["positions_per_s"] for r in rs),
-            "wall_s": spread(r["wall_s"] for r in rs),
-            "latency_s": spread(x for r in rs for x in r["latency_s"]),
-            "completion_tokens": sum(r["completion_tokens"] for r in rs),
-            "groups": d["groups"],
-            "largest_group": after["largest_group"],
-            "denoise_graphs": d["denoise_graphs"],
-            "sequence_steps": d["sequence_steps"],
-            "same_replies_as_first": same,
-            "loadavg_before": load0,
-            "loadavg_after": load1,
-        }
+        res = parallel_result(n, requests, m, same)
         results.append(res)
         t = res["tok_per_s"]
         log(
             f"--parallel {n}: {t['median']:.1f} tok/s [p10 {t['p10']:.1f}, p90 {t['p90']:.1f}] over {runs} runs of "
             f"{n * requests} requests; {res['denoise_graphs']} graphs for {res['sequence_steps']} sequence steps; "
-            f"replies {'identical to' if same else 'DIFFERENT from'} --parallel {parallel[0]}'s; load {load1}"
+            f"replies {'identical to' if same else 'DIFFERENT from'} --parallel {parallel[0]}'s; "
+            f"load {res['loadavg_after']}"
         )
     run = {
         "kind": "throughput",
@@ -175,45 +191,5 @@ def run_throughput(
         "results": results,
     }
     write_json(out / "throughput.json", run)
-    write_text(out / "throughput.md", throughput_markdown(run))
+    render_throughput(run, out)
     return run
-
-
-def _s(x: dict, nd: int = 1, scale: float = 1.0) -> str:
-    if not x or not x.get("n"):
-        return "–"
-    return f"{x['median'] * scale:.{nd}f} [{x['p10'] * scale:.{nd}f}–{x['p90'] * scale:.{nd}f}]"
-
-
-def throughput_markdown(run: dict) -> str:
-    c, res = run["config"], run["results"]
-    env = c.get("environment", {})
-    base = res[0]["tok_per_s"]["median"] if res else 0
-    lines = [
-        "# Serving throughput: `clover-gguf serve --parallel N`",
-        "",
-        f"Model `{Path(c['model']).name}`; N concurrent clients x {c['requests_per_client']} greedy completions "
-        f"each of up to {c['max_tokens']} tokens, state reuse off; {c['runs']} runs per N; server args "
-        f"`{' '.join(c['server_args']) or '(none)'}`; clover {json.dumps(c['clover'])}.",
-        f"Machine: {env.get('cpu', {}).get('model', '?')}, {env.get('cpu', {}).get('usable_cores', '?')} usable cores; "
-        f"load average at the start {env.get('cpu', {}).get('loadavg_at_start')}.",
-        "",
-        "| N | tok/s median [p10–p90] | × N=1 | request latency s | denoising graphs / sequence steps "
-        "| largest group | replies = N=1's | load average (1, 5, 15 min) after |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in res:
-        ratio = r["tok_per_s"]["median"] / base if base else 0
-        gs = f"{r['denoise_graphs']} / {r['sequence_steps']}"
-        lines.append(
-            f"| {r['parallel']} | {_s(r['tok_per_s'])} | {ratio:.2f} | {_s(r['latency_s'], 2)} | {gs} "
-            f"| {r['largest_group']} | {'yes' if r['same_replies_as_first'] else '**no**'} "
-            f"| {', '.join(str(x) for x in r['loadavg_after'] or [])} |"
-        )
-    lines += [
-        "",
-        "tok/s counts completion tokens (up to an end token) over each run's wall time, all clients together. "
-        "Fewer denoising graphs than sequence steps means that grouped requests shared graphs.",
-        "",
-    ]
-    return "\n".join(lines)

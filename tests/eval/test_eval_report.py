@@ -89,3 +89,25 @@ def test_report_renders_speed_and_bundle(tmp_path, quality_run):
     md = (tmp_path / "b" / "report.md").read_text()
     for h in ("## Quality", "## Sensitivity", "## Speed", "## Configuration"):
         assert h in md
+
+
+def test_report_renders_a_throughput_run_and_refuses_an_unknown_kind(tmp_path):
+    """Each run kind has its renderer: a throughput run's report is throughput.md, as the run
+    itself writes it; a kind with none is one clear line."""
+    res = [
+        {"parallel": n, "tok_per_s": _sp(10.0 * n), "latency_s": _sp(1.5), "denoise_graphs": 10,
+         "sequence_steps": 10 * n, "largest_group": n, "same_replies_as_first": n != 4, "loadavg_after": [1.5, 1.0]}
+        for n in (1, 2, 4)
+    ]  # fmt: skip
+    cfg = {"model": "/x/m.gguf", "requests_per_client": 2, "max_tokens": 32, "runs": 5, "server_args": [],
+           "clover": {}, "environment": {"cpu": {"model": "cpu", "usable_cores": 2}}}  # fmt: skip
+    (tmp_path / "throughput.json").write_text(json.dumps({"kind": "throughput", "config": cfg, "results": res}))
+    out = CliRunner().invoke(cli, ["report", str(tmp_path / "throughput.json")])
+    assert out.exit_code == 0, out.output
+    md = (tmp_path / "throughput.md").read_text()
+    row4 = next(line for line in md.splitlines() if line.startswith("| 4 | "))
+    assert row4.startswith("| 4 | 40.0 [") and "| 4.00 |" in row4 and "| **no** |" in row4
+    assert not (tmp_path / "report.md").exists()
+    (tmp_path / "x.json").write_text(json.dumps({"kind": "nonsense"}))
+    out = CliRunner().invoke(cli, ["report", str(tmp_path / "x.json")])
+    assert out.exit_code != 0 and "not an eval run: kind='nonsense'" in out.output and "Traceback" not in out.output

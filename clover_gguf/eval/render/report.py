@@ -4,7 +4,7 @@
 the run's ``kind``; ``clover-gguf eval report RUN.json [-o DIR]`` calls it on a saved file. Kinds
 "quality", "speed", "sensitivity" and "bundle" (``sections`` holding any of the three, the
 baseline's) share one report, composed here from each section's renderer with a summary table
-on top; "tools", "agent" and "passes" have reports of their own.
+on top; "tools", "agent", "passes" and "throughput" have reports of their own (RENDERERS).
 """
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ import json
 from pathlib import Path
 
 from ...outputs import write_text
+from .agent import render_agent
 from .helpers import MiB, config_markdown, fmt_num, md_table
+from .passes import render_passes
 from .quality import quality_section
 from .sensitivity import sensitivity_section
 from .speed import speed_section
+from .throughput import render_throughput
+from .tools import render_tools
 
 # ---- summary (the README table) ----------------------------------------------------------------
 
@@ -108,25 +112,21 @@ def render_sections(run: dict, out: Path, title: str | None = None) -> Path:
     return path
 
 
+# The kinds with a report of their own; the others are quality, speed, sensitivity or a bundle.
+RENDERERS = {"agent": render_agent, "passes": render_passes, "throughput": render_throughput, "tools": render_tools}
+
+
 def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str | None = None) -> Path:
-    """Write report.md and PNG plots for a run (dict or JSON path) into out_dir (default:
-    the JSON's folder), by the renderer of its kind. Returns the Markdown path."""
+    """Write the Markdown report (report.md; throughput.md for a throughput run) and its PNG plots
+    for a run (dict or JSON path) into out_dir (default: the JSON's folder), by the renderer of
+    its kind. Returns the Markdown path."""
     src = None
     if not isinstance(run, dict):
         src = Path(run)
         run = json.loads(src.read_text())
     out = Path(out_dir) if out_dir else (src.parent if src else Path("."))
     out.mkdir(parents=True, exist_ok=True)
-    if run.get("kind") == "agent":
-        from .agent import render_agent
-
-        return render_agent(run, out)
-    if run.get("kind") == "tools":
-        from .tools import render_tools
-
-        return render_tools(run, out)
-    if run.get("kind") == "passes":
-        from .passes import render_passes
-
-        return render_passes(run, out)
+    renderer = RENDERERS.get(run.get("kind"))
+    if renderer:
+        return renderer(run, out)
     return render_sections(run, out, title)
