@@ -172,10 +172,10 @@ def run_baseline(
     """sampling/generation: quality.Sampling/Generation of the quality stage (the sensitivity
     stage takes the same sampling, with sens_kw's "n_windows", and its "qtype")."""
     from .backends import runtime_status
+    from .bench.speed import run_speed
     from .quality import Generation, Sampling
     from .render.report import render
     from .sensitivity import run_sensitivity
-    from .speed import run_speed
 
     t0 = time.perf_counter()
     out, work = Path(out_dir), Path(work_dir)

@@ -252,8 +252,8 @@ def speed_cmd(
     out_dir,
 ):
     """Prompt/generation tokens/s, step time, load time, peak memory, each over N runs."""
+    from .bench.speed import parse_sweep, run_speed
     from .render.report import render
-    from .speed import parse_sweep, run_speed
 
     if not ggufs and not reference:
         raise click.UsageError("give GGUF files and/or --reference")
@@ -487,8 +487,8 @@ def baseline_cmd(
 ):
     """Convert the standard GGUF set and write the committed baseline report."""
     from .baseline import add_rows, run_baseline
+    from .bench.speed import DEFAULT_BASE, parse_sweep
     from .quality import Generation, Sampling
-    from .speed import DEFAULT_BASE, parse_sweep
 
     if imatrix and not add_names:
         raise click.UsageError("--imatrix goes with --add (the standard set is converted without one)")

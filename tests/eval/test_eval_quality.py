@@ -130,7 +130,7 @@ def test_sensitivity_one_group(tmp_path):
 def test_speed_worker_in_process():
     """The speed worker's measurements (run in-process here; the CLI runs it in a fresh
     subprocess per target so that the first load is a cold one)."""
-    from clover_gguf.eval.speed import parse_sweep, worker
+    from clover_gguf.eval.bench.speed import parse_sweep, worker
 
     assert parse_sweep(["block_size=4,8", "threshold=0.5"]) == {"block_size": [4, 8], "threshold": [0.5]}
     with pytest.raises(ValueError):

@@ -31,10 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..constants import DEFAULT_THRESHOLD
-from ..outputs import write_json
-from ..util import REPO_ROOT
-from .metrics import spread
+from ...constants import DEFAULT_THRESHOLD
+from ...outputs import write_json
+from ...util import REPO_ROOT
+from ..metrics import spread
 
 SWEEP_PARAMS = ("block_size", "threshold", "steps", "prompt_len", "max_new_tokens")
 SWEEP_RANGES = {
@@ -87,30 +87,30 @@ def _load(backend: str, path: str, threads: int, max_block: int | None = None, n
 
     torch.set_num_threads(threads)
     if backend == "reference-bf16":
-        from .backends import load_reference
+        from ..backends import load_reference
 
         m = load_reference(path)
         return m, m.config
     if backend == "reference-dequant":
-        from .backends import load_dequantized
+        from ..backends import load_dequantized
 
         m = load_dequantized(path)
         return m, m.config
-    from .backends import open_runtime
+    from ..backends import open_runtime
 
     rt = open_runtime(path, threads, n_gpu_layers=n_gpu_layers, max_block=max_block)
     return rt, getattr(rt, "config", None)
 
 
 def _one_run(backend: str, obj, prompt: list[int], cfg) -> dict:
-    from ..reference.generate import TorchBackend, generate
+    from ...reference.generate import TorchBackend, generate
 
     t0 = time.perf_counter()
     if backend == "runtime":
         if hasattr(obj, "generate"):
             res = obj.generate(prompt, cfg)
         else:
-            from ..runtime.runtime import RuntimeBackend
+            from ...runtime.runtime import RuntimeBackend
 
             res = generate(RuntimeBackend(obj), prompt, cfg)
     else:
@@ -136,7 +136,7 @@ def _one_run(backend: str, obj, prompt: list[int], cfg) -> dict:
 
 
 def _measure(backend, obj, conf: dict, prompt_ids, runs: int, warmup: int, mask_id: int) -> dict:
-    from ..reference.generate import GenerationConfig
+    from ...reference.generate import GenerationConfig
 
     P = int(conf["prompt_len"])
     prompt = list(prompt_ids[:P])
@@ -220,7 +220,7 @@ def _spawn(spec: dict, timeout: float) -> dict:
         root = str(REPO_ROOT)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         r = subprocess.run(
-            [sys.executable, "-m", "clover_gguf.eval.speed", "--worker", p],
+            [sys.executable, "-m", "clover_gguf.eval.bench.speed", "--worker", p],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -238,8 +238,8 @@ def prompt_ids_for(reference=None, n: int = 4096, vocab_size: int | None = None,
     deterministic pseudo-random ids."""
     if reference and (Path(reference) / "tokenizer.json").is_file():
         try:
-            from ..tokenizer import CloverTokenizer
-            from ..train.data import heldout_files
+            from ...tokenizer import CloverTokenizer
+            from ...train.data import heldout_files
 
             tok = CloverTokenizer.from_dir(reference)
             ids = []
@@ -280,9 +280,9 @@ def run_speed(
     n_gpu_layers: int = 0,
     log=print,
 ) -> dict:
-    from ..util import default_threads
-    from .backends import model_dir_hash, runtime_status
-    from .sysinfo import environment, gguf_file_info
+    from ...util import default_threads
+    from ..backends import model_dir_hash, runtime_status
+    from ..sysinfo import environment, gguf_file_info
 
     threads = threads or default_threads()
     base = {**DEFAULT_BASE, **(base or {})}
@@ -325,7 +325,7 @@ def run_speed(
     mask_id = None
     V = None
     if reference:
-        from ..checkpoint import Checkpoint
+        from ...checkpoint import Checkpoint
 
         c = Checkpoint(reference).config
         mask_id, V = c.mask_token_id, c.vocab_size
