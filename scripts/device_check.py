@@ -418,7 +418,7 @@ def placement_16gb(gguf: Path, budget_gib: float = 16.0, reserve_gib: float = 1.
 
 def speed(out: Path, mode: str, layers: int, threads: int) -> dict:
     from clover_gguf.config import preset
-    from clover_gguf.eval.passes import PassesConfig, run_passes
+    from clover_gguf.eval.bench.passes import PassesConfig, run_passes
     from clover_gguf.runtime.build import runtime_paths
     from clover_gguf.synthetic import write_synthetic_gguf
 

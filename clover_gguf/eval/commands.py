@@ -314,7 +314,7 @@ def passes_cmd(layers, threads, heads, rounds, n_gpu_layers, work, out_dir):
     clover-gguf eval passes --layers 2,4 --threads 1,2
     clover-gguf eval passes --layers 40 --threads 16 -ngl 99 --head q4_k_m --rounds 3
     """
-    from .passes import PassesConfig, run_passes
+    from .bench.passes import PassesConfig, run_passes
 
     cfg = PassesConfig(
         layers=layers,

@@ -11,11 +11,11 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import preset
-from ..outputs import write_json
-from ..reference.generate import GenerationConfig
-from .metrics import spread
-from .render.passes import render_passes
+from ...config import preset
+from ...outputs import write_json
+from ...reference.generate import GenerationConfig
+from ..metrics import spread
+from ..render.passes import render_passes
 
 HEADS = {  # lm_head variants: experts Q4_K, the rest Q8_0 | q4_k_m (Q6_K output)
     "q8_0": dict(recipe=None, outtype="q8_0", experts="q4_k"),
@@ -46,8 +46,8 @@ class PassesConfig:
 
 def model_pair(work: Path, layers: int, head: str, log=print) -> tuple[Path, Path]:
     """The synthetic Clover GGUF and its Qwen3-MoE twin (written once, reused)."""
-    from ..synthetic import write_synthetic_gguf
-    from .upstream import write_twin
+    from ...synthetic import write_synthetic_gguf
+    from ..upstream import write_twin
 
     work.mkdir(parents=True, exist_ok=True)
     clover = work / f"clover-35b-a3b-{layers}l-{head}.gguf"
@@ -69,9 +69,9 @@ def _timed(fn, *args) -> float:
 
 def measure(clover: Path, twin: Path, threads: int, cfg: PassesConfig, log=print) -> dict:
     """Interleaved rounds of every pass on one thread count; ms per pass (or tok/s)."""
-    from ..reference.sampling import step_key
-    from ..runtime.runtime import CloverRuntime
-    from .upstream import Upstream
+    from ...reference.sampling import step_key
+    from ...runtime.runtime import CloverRuntime
+    from ..upstream import Upstream
 
     B, P = cfg.block, cfg.prompt
     rng = random.Random(cfg.seed)
@@ -162,7 +162,7 @@ def ratios(res: dict, cfg: PassesConfig) -> dict:
 
 
 def run_passes(cfg: PassesConfig, log=print) -> dict:
-    from .sysinfo import environment
+    from ..sysinfo import environment
 
     runs = []
     env0 = environment(threads=max(cfg.threads))
