@@ -697,7 +697,7 @@ def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, step
     """
     from openai import OpenAIError
 
-    from .throughput import run_throughput
+    from .bench.throughput import run_throughput
 
     clover = {k: v for k, v in (("block_size", block_size), ("steps", steps)) if v}
     srv = ["-ngl", str(n_gpu_layers)] + (["-t", str(threads)] if threads else []) + (["--rpc", rpc] if rpc else [])

@@ -17,9 +17,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..outputs import write_json
-from .metrics import spread
-from .render.throughput import render_throughput
+from ...outputs import write_json
+from ..metrics import spread
+from ..render.throughput import render_throughput
 
 PROMPTS = [
     "def add(a, b):\n",
@@ -100,8 +100,8 @@ def measure_parallel(gguf, n: int, out: Path, server_args: tuple, runs: int, req
     server's counters before and after them and the load average around them."""
     from openai import OpenAI
 
-    from ..serve.local import LocalServer
-    from .agent import server_props
+    from ...serve.local import LocalServer
+    from ..agent import server_props
 
     args = ("--parallel", str(n), "--ctx-cache", "0", *server_args)
     with LocalServer(gguf, *args, log_path=out / f"server-np{n}.log") as srv:
@@ -151,7 +151,7 @@ def run_throughput(
 ) -> dict:
     """Start `clover-gguf serve GGUF --parallel N *server_args` for each N, measure, write
     throughput.json and throughput.md to out_dir."""
-    from .sysinfo import environment
+    from ..sysinfo import environment
 
     clover = dict(clover or {})
     out = Path(out_dir)
