@@ -641,7 +641,7 @@ def agent_cmd(
     """
     from openai import OpenAIError
 
-    from .agent import run_agent_eval
+    from .bench.agent import run_agent_eval
 
     clover = {k: v for k, v in (("block_size", block_size), ("steps", steps), ("threshold", threshold)) if v}
     srv = ["-ngl", str(n_gpu_layers)] + (["-t", str(threads)] if threads else [])

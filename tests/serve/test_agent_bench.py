@@ -9,7 +9,7 @@ import shutil
 import pytest
 from conftest import API_KEY
 
-from clover_gguf.eval.agent import AGENT_TRACES, load_traces, run_agent_bench, run_tool
+from clover_gguf.eval.bench.agent import AGENT_TRACES, load_traces, run_agent_bench, run_tool
 
 
 @pytest.mark.parametrize("trace", load_traces(), ids=lambda t: t["name"])

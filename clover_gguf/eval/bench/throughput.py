@@ -101,7 +101,7 @@ def measure_parallel(gguf, n: int, out: Path, server_args: tuple, runs: int, req
     from openai import OpenAI
 
     from ...serve.local import LocalServer
-    from ..agent import server_props
+    from .agent import server_props
 
     args = ("--parallel", str(n), "--ctx-cache", "0", *server_args)
     with LocalServer(gguf, *args, log_path=out / f"server-np{n}.log") as srv:

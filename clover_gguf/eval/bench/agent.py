@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..outputs import write_json
-from ..util import EVALDATA
-from .metrics import spread
-from .render.agent import render_agent
+from ...outputs import write_json
+from ...util import EVALDATA
+from ..metrics import spread
+from ..render.agent import render_agent
 
 AGENT_TRACES = EVALDATA / "agent"
 TOOLS = ("list_files", "read_file", "grep", "run", "edit")
@@ -269,7 +269,7 @@ def run_agent_bench(
     root or the server root); writes agent.json, report.md and timeline.png to out_dir."""
     from openai import OpenAI
 
-    from .sysinfo import environment
+    from ..sysinfo import environment
 
     trs = load_traces(traces)
     base = url.rstrip("/")
@@ -321,7 +321,7 @@ def run_agent_eval(gguf=None, url: str | None = None, server_args: tuple = (), l
     on a free loopback port (stopped afterwards)."""
     if gguf is None:
         return run_agent_bench(url or "http://127.0.0.1:8080", log=log, **kw)
-    from ..serve.local import LocalServer
+    from ...serve.local import LocalServer
 
     out = Path(kw["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
