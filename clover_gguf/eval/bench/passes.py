@@ -47,7 +47,7 @@ class PassesConfig:
 def model_pair(work: Path, layers: int, head: str, log=print) -> tuple[Path, Path]:
     """The synthetic Clover GGUF and its Qwen3-MoE twin (written once, reused)."""
     from ...synthetic import write_synthetic_gguf
-    from ..upstream import write_twin
+    from .upstream import write_twin
 
     work.mkdir(parents=True, exist_ok=True)
     clover = work / f"clover-35b-a3b-{layers}l-{head}.gguf"
@@ -71,7 +71,7 @@ def measure(clover: Path, twin: Path, threads: int, cfg: PassesConfig, log=print
     """Interleaved rounds of every pass on one thread count; ms per pass (or tok/s)."""
     from ...reference.sampling import step_key
     from ...runtime.runtime import CloverRuntime
-    from ..upstream import Upstream
+    from .upstream import Upstream
 
     B, P = cfg.block, cfg.prompt
     rng = random.Random(cfg.seed)

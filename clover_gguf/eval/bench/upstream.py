@@ -12,8 +12,8 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.gguf_writer import WriterState
 
-from ..constants import ARCH, Keys
-from ..outputs import output_file
+from ...constants import ARCH, Keys
+from ...outputs import output_file
 
 TWIN_ARCH = "qwen3moe"
 # Clover keys with the same meaning in qwen3moe (suffix after "{arch}.")
@@ -75,7 +75,7 @@ class Upstream:
     """A llama.cpp context on the twin: timed forward passes of n tokens with k rows of logits."""
 
     def __init__(self, gguf: str | Path, n_threads: int, n_gpu_layers: int = 0, n_ctx: int = 2048, n_batch: int = 512):
-        from ..runtime import bindings as B
+        from ...runtime import bindings as B
 
         self.lib = B.load()
         lc = self.lc = self.lib.lc
