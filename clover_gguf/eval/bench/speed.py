@@ -1,7 +1,7 @@
 """`clover-gguf eval speed`: how fast each GGUF runs, with the conditions that produced it.
 
 Every target (file x backend) is measured in its own fresh subprocess (``python -m
-clover_gguf.eval.speed --worker SPEC.json``): the worker's first load is the *cold* load,
+clover_gguf.eval.bench.speed --worker SPEC.json``): the worker's first load is the *cold* load,
 a second load in the same process the *warm* one; then, for the base decoding
 configuration and every sweep point, ``warmup`` unrecorded runs and ``runs`` recorded runs
 of a full generation (prefill of the prompt, then ``max_new_tokens`` tokens in blocks;
@@ -409,4 +409,4 @@ if __name__ == "__main__":
         res = worker(json.loads(Path(sys.argv[2]).read_text()))
         sys.stdout.write("\n" + json.dumps(res) + "\n")
     else:
-        sys.exit("usage: python -m clover_gguf.eval.speed --worker SPEC.json")
+        sys.exit("usage: python -m clover_gguf.eval.bench.speed --worker SPEC.json")
