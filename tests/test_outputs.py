@@ -194,7 +194,7 @@ def test_plan_recipe_planted_link(tmp_path, where):
 
 
 def test_quality_outputs_planted_link(tmp_path):
-    from clover_gguf.eval.quality import QualityRun
+    from clover_gguf.eval.quality.run import QualityRun
 
     p = _precious(tmp_path)
     _plant_link(temporary_name(tmp_path / "quality.json"), p)

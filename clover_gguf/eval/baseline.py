@@ -67,7 +67,7 @@ def _score(reference, files, sampling, generation, work: Path, threads, runtime_
     generation agreement through the runtime's own loop (as users run it), else the PyTorch loop
     on the dequantized weights; each model row keeps its convert options."""
     from .backends import runtime_status
-    from .quality import run_quality
+    from .quality.run import run_quality
 
     rt_ok = runtime_status()[0]
     q = run_quality(
@@ -103,7 +103,7 @@ def add_rows(
     and render it again: the other rows, the sensitivity and the speed sections stay as they
     were. The sample must be the bundle's own (same windows, blocks, seed, prompts), so the new
     rows compare with the old ones."""
-    from .quality import Generation, Sampling
+    from .quality.run import Generation, Sampling
     from .render.report import render
 
     out, work = Path(out_dir), Path(work_dir)
@@ -173,7 +173,7 @@ def run_baseline(
     stage takes the same sampling, with sens_kw's "n_windows", and its "qtype")."""
     from .backends import runtime_status
     from .bench.speed import run_speed
-    from .quality import Generation, Sampling
+    from .quality.run import Generation, Sampling
     from .render.report import render
     from .sensitivity import run_sensitivity
 

@@ -61,7 +61,7 @@ def one_line_errors(f):
 
 
 def _sampling(corpus, n_windows, n_blocks, block_size, ratios, seed, top_k):
-    from .quality import Sampling
+    from .quality.run import Sampling
 
     return Sampling(
         corpus=list(corpus) or None,
@@ -167,7 +167,7 @@ def quality_cmd(
     out_dir,
 ):
     """KL / NLL / top-1 / generation agreement of GGUFs against the reference."""
-    from .quality import Generation, run_quality
+    from .quality.run import Generation, run_quality
     from .render.report import render
 
     run_quality(
@@ -488,7 +488,7 @@ def baseline_cmd(
     """Convert the standard GGUF set and write the committed baseline report."""
     from .baseline import add_rows, run_baseline
     from .bench.speed import DEFAULT_BASE, parse_sweep
-    from .quality import Generation, Sampling
+    from .quality.run import Generation, Sampling
 
     if imatrix and not add_names:
         raise click.UsageError("--imatrix goes with --add (the standard set is converted without one)")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..constants import TENSOR_GROUPS
 from ..outputs import write_json
-from .quality import Generation, Sampling, run_quality
+from .quality.run import Generation, Sampling, run_quality
 
 DEFAULT_GROUPS = ("experts_gate_up", "experts_down", "attention", "memory", "shared_expert", "embeddings", "output")
 DEFAULT_QTYPE = "q4_k"

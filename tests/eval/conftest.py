@@ -5,7 +5,7 @@ import json
 import pytest
 from eval_helpers import RC, docs
 
-from clover_gguf.eval.quality import Generation, Sampling, run_quality
+from clover_gguf.eval.quality.run import Generation, Sampling, run_quality
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from eval_helpers import RC, docs
 from testdata import TINY
 
 from clover_gguf.cli import cli
-from clover_gguf.eval.quality import Generation, QualityError, Sampling, check_matches_reference, run_quality
+from clover_gguf.eval.quality.run import Generation, QualityError, Sampling, check_matches_reference, run_quality
 from clover_gguf.gguf_io import codec as F
 
 

@@ -11,7 +11,7 @@ from eval_helpers import docs as _docs
 
 from clover_gguf.eval import corpus as C
 from clover_gguf.eval.backends import TorchProvider, load_reference
-from clover_gguf.eval.quality import Sampling
+from clover_gguf.eval.quality.run import Sampling
 
 
 def test_masks_are_deterministic_and_sized_by_ratio():
@@ -155,7 +155,7 @@ def test_speed_worker_in_process():
 
 
 def test_auto_top_k_follows_the_tail_mass():
-    from clover_gguf.eval.quality import choose_k
+    from clover_gguf.eval.quality.run import choose_k
 
     g = torch.Generator().manual_seed(0)
     t = torch.zeros(16, dtype=torch.long)

@@ -31,16 +31,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint import Checkpoint
-from ..config import CloverConfig
-from ..constants import DEFAULT_THRESHOLD
-from ..convert.fingerprint import weights_sha256
-from ..errors import CloverError
-from ..outputs import output_file, write_json
-from ..reference.generate import NonFiniteError
-from ..util import EVALDATA, default_threads
-from . import backends as bk
-from .corpus import (
+from ...checkpoint import Checkpoint
+from ...config import CloverConfig
+from ...constants import DEFAULT_THRESHOLD
+from ...convert.fingerprint import weights_sha256
+from ...errors import CloverError
+from ...outputs import output_file, write_json
+from ...reference.generate import NonFiniteError
+from ...util import EVALDATA, default_threads
+from .. import backends as bk
+from ..corpus import (
     DEFAULT_RATIOS,
     DEFAULT_SEED,
     Document,
@@ -51,8 +51,8 @@ from .corpus import (
     load_corpus,
     probe_bin,
 )
-from .metrics import CompactLogits, agreement, compact, kl_full, position_metrics, summarize
-from .sysinfo import environment, gguf_file_info
+from ..metrics import CompactLogits, agreement, compact, kl_full, position_metrics, summarize
+from ..sysinfo import environment, gguf_file_info
 
 MAX_BLOCK = 1024  # limits.py: diffusion.block_size
 DEFAULT_PROMPTS = EVALDATA / "prompts" / "clover-tiny-code.jsonl"
@@ -236,7 +236,7 @@ def schedules(block_size: int, steps: int | None = None, threshold: float = DEFA
 def run_generation(gen_fn, prompts, cfg_base: dict, scheds: dict) -> dict:
     """gen_fn(prompt_ids, GenerationConfig) -> GenerationResult, for each prompt and schedule:
     {schedule: {"tokens": [[...]], "steps_per_block", "tokens_per_step", "seconds"}}"""
-    from ..reference.generate import GenerationConfig
+    from ...reference.generate import GenerationConfig
 
     res = {}
     for name, s in scheds.items():
@@ -389,7 +389,7 @@ def select_providers(backend: str) -> tuple[list[str], list[str], tuple[bool, st
 
 def _gen_backend_torch(model):
     """The Python generation loop (generate.generate) on the PyTorch model."""
-    from ..reference.generate import TorchBackend, generate
+    from ...reference.generate import TorchBackend, generate
 
     return lambda prompt, cfg: generate(TorchBackend(model), prompt, cfg)
 
@@ -615,8 +615,8 @@ def check_matches_reference(gguf: Path, reference: Path, cfg, reference_sha256=N
     with ``reference_sha256()``, by default convert.fingerprint.weights_sha256 of the reference).
     Raises QualityError naming the first difference; returns a note for a GGUF without the
     fingerprint (an older clover-gguf's or another converter's), checked by the rest only."""
-    from ..convert.metadata import load_vocab
-    from ..gguf_io.reader import config_from_reader, gguf_shapes, open_gguf, shown_name, token_strings
+    from ...convert.metadata import load_vocab
+    from ...gguf_io.reader import config_from_reader, gguf_shapes, open_gguf, shown_name, token_strings
 
     def differs(what: str):
         return QualityError(f"{gguf}: does not match the reference {reference}: {what}")
@@ -651,9 +651,9 @@ def check_matches_reference(gguf: Path, reference: Path, cfg, reference_sha256=N
 
 
 def _check_weights_sha256(r, gguf: Path, reference: Path, reference_sha256, differs) -> str | None:
-    from ..checkpoint import Checkpoint
-    from ..constants import Keys
-    from ..convert.fingerprint import weights_sha256
+    from ...checkpoint import Checkpoint
+    from ...constants import Keys
+    from ...convert.fingerprint import weights_sha256
 
     f = r.fields.get(Keys.SOURCE_WEIGHTS_SHA256)
     if f is None:
@@ -678,7 +678,7 @@ def _check_weights_sha256(r, gguf: Path, reference: Path, reference_sha256, diff
 def _tokenizer(model_dir: Path):
     if not (model_dir / "tokenizer.json").is_file():
         return None
-    from ..tokenizer import CloverTokenizer
+    from ...tokenizer import CloverTokenizer
 
     return CloverTokenizer.from_dir(model_dir)
 
