@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from clover_gguf.eval.metrics import spread  # noqa: E402
+from clover_gguf.eval.quality.metrics import spread  # noqa: E402
 from clover_gguf.eval.sysinfo import cpu_info  # noqa: E402
 from clover_gguf.reference.generate import GenerationConfig  # noqa: E402
 from clover_gguf.runtime.grammar import json_schema_to_grammar, tool_call_grammar  # noqa: E402

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from clover_gguf.eval import metrics as M
+from clover_gguf.eval.quality import metrics as M
 
 
 def test_identical_models_give_zero_kl_and_full_agreement():

@@ -5,7 +5,7 @@ import json
 from click.testing import CliRunner
 
 from clover_gguf.cli import cli
-from clover_gguf.eval.metrics import spread
+from clover_gguf.eval.quality.metrics import spread
 
 
 def _sp(v):

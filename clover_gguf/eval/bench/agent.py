@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ...outputs import write_json
 from ...util import EVALDATA
-from ..metrics import spread
+from ..quality.metrics import spread
 from ..render.agent import render_agent
 
 AGENT_TRACES = EVALDATA / "agent"

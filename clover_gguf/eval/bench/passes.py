@@ -14,7 +14,7 @@ from pathlib import Path
 from ...config import preset
 from ...outputs import write_json
 from ...reference.generate import GenerationConfig
-from ..metrics import spread
+from ..quality.metrics import spread
 from ..render.passes import render_passes
 
 HEADS = {  # lm_head variants: experts Q4_K, the rest Q8_0 | q4_k_m (Q6_K output)

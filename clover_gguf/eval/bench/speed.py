@@ -34,7 +34,7 @@ from pathlib import Path
 from ...constants import DEFAULT_THRESHOLD
 from ...outputs import write_json
 from ...util import REPO_ROOT
-from ..metrics import spread
+from ..quality.metrics import spread
 
 SWEEP_PARAMS = ("block_size", "threshold", "steps", "prompt_len", "max_new_tokens")
 SWEEP_RANGES = {

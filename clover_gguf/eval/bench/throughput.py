@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ...outputs import write_json
-from ..metrics import spread
+from ..quality.metrics import spread
 from ..render.throughput import render_throughput
 
 PROMPTS = [

@@ -51,8 +51,8 @@ from ..corpus import (
     load_corpus,
     probe_bin,
 )
-from ..metrics import CompactLogits, agreement, compact, kl_full, position_metrics, summarize
 from ..sysinfo import environment, gguf_file_info
+from .metrics import CompactLogits, agreement, compact, kl_full, position_metrics, summarize
 
 MAX_BLOCK = 1024  # limits.py: diffusion.block_size
 DEFAULT_PROMPTS = EVALDATA / "prompts" / "clover-tiny-code.jsonl"
