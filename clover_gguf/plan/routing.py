@@ -163,7 +163,7 @@ def measure(
     import torch
 
     from ..checkpoint import Checkpoint
-    from ..eval.corpus import default_corpus_files, read_texts, tokenize
+    from ..eval.quality.corpus import default_corpus_files, read_texts, tokenize
     from ..reference.model import CloverModel
     from ..tokenizer import CloverTokenizer
 

@@ -3,7 +3,7 @@
 import numpy as np
 from testdata import VECTORS
 
-from clover_gguf.eval import corpus as C
+from clover_gguf.eval.quality import corpus as C
 
 RC = VECTORS / "random-clover"
 

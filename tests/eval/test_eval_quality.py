@@ -9,8 +9,8 @@ import torch
 from eval_helpers import RC
 from eval_helpers import docs as _docs
 
-from clover_gguf.eval import corpus as C
 from clover_gguf.eval.backends import TorchProvider, load_reference
+from clover_gguf.eval.quality import corpus as C
 from clover_gguf.eval.quality.run import Sampling
 
 

@@ -40,7 +40,8 @@ from ...outputs import output_file, write_json
 from ...reference.generate import NonFiniteError
 from ...util import EVALDATA, default_threads
 from .. import backends as bk
-from ..corpus import (
+from ..sysinfo import environment, gguf_file_info
+from .corpus import (
     DEFAULT_RATIOS,
     DEFAULT_SEED,
     Document,
@@ -51,7 +52,6 @@ from ..corpus import (
     load_corpus,
     probe_bin,
 )
-from ..sysinfo import environment, gguf_file_info
 from .metrics import CompactLogits, agreement, compact, kl_full, position_metrics, summarize
 
 MAX_BLOCK = 1024  # limits.py: diffusion.block_size

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import CloverError
+from ...errors import CloverError
 
 DEFAULT_RATIOS = (0.15, 0.5, 0.85, 1.0)
 DEFAULT_SEED = 1234
@@ -84,7 +84,7 @@ def read_texts(paths) -> list[tuple[str, str]]:
 def default_corpus_files() -> tuple[list[Path], str, dict]:
     """clover-tiny's held-out stdlib files, a description, and whether they are the committed
     baseline's text (train.data.corpus_identity)."""
-    from ..train.data import HELDOUT_MANIFEST, CorpusError, corpus_identity, heldout_files
+    from ...train.data import HELDOUT_MANIFEST, CorpusError, corpus_identity, heldout_files
 
     try:
         files, ident = heldout_files(), corpus_identity()
