@@ -66,7 +66,7 @@ def _score(reference, files, sampling, generation, work: Path, threads, runtime_
     """The quality section for these files: both providers when the runtime is built, the
     generation agreement through the runtime's own loop (as users run it), else the PyTorch loop
     on the dequantized weights; each model row keeps its convert options."""
-    from .backends import runtime_status
+    from .quality.backends import runtime_status
     from .quality.run import run_quality
 
     rt_ok = runtime_status()[0]
@@ -171,8 +171,8 @@ def run_baseline(
 ) -> dict | None:
     """sampling/generation: quality.Sampling/Generation of the quality stage (the sensitivity
     stage takes the same sampling, with sens_kw's "n_windows", and its "qtype")."""
-    from .backends import runtime_status
     from .bench.speed import run_speed
+    from .quality.backends import runtime_status
     from .quality.run import Generation, Sampling
     from .render.report import render
     from .sensitivity import run_sensitivity

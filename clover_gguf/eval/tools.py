@@ -100,7 +100,7 @@ class ReferenceDecoder:
 
     def __init__(self, model_dir):
         from ..tokenizer import CloverTokenizer
-        from .backends import load_reference
+        from .quality.backends import load_reference
 
         self.model = load_reference(model_dir)
         self.tok = CloverTokenizer.from_dir(model_dir)
@@ -136,7 +136,7 @@ class RuntimeDecoder:
     name, grammar = "runtime", True
 
     def __init__(self, gguf, threads=None):
-        from .backends import open_runtime
+        from .quality.backends import open_runtime
 
         self.rt = open_runtime(gguf, threads)
         self.block_size = self.rt.default_block_size

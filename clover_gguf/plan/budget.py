@@ -55,7 +55,7 @@ class Curves:
         weights): then the curves predict its KL; otherwise they are a ranking prior."""
         if model_dir is None or len(self.reference_sha256) != 1 or not Path(model_dir).is_dir():
             return False
-        from ..eval.backends import model_dir_hash
+        from ..eval.quality.backends import model_dir_hash
 
         return model_dir_hash(model_dir) in self.reference_sha256
 

@@ -9,8 +9,8 @@ import torch
 from eval_helpers import RC
 from eval_helpers import docs as _docs
 
-from clover_gguf.eval.backends import TorchProvider, load_reference
 from clover_gguf.eval.quality import corpus as C
+from clover_gguf.eval.quality.backends import TorchProvider, load_reference
 from clover_gguf.eval.quality.run import Sampling
 
 
@@ -83,7 +83,7 @@ def test_quality_identical_weights_and_quantized(quality_run):
 def test_runtime_provider_matches_reference_on_f32_weights(tmp_path):
     """The llama.cpp provider (block_logits / commit block by block) against the PyTorch
     two-stream provider, on an all-F32 GGUF so that only the kernels differ."""
-    from clover_gguf.eval.backends import RuntimeProvider, load_dequantized, open_runtime, runtime_status
+    from clover_gguf.eval.quality.backends import RuntimeProvider, load_dequantized, open_runtime, runtime_status
 
     ok, why = runtime_status()
     assert ok, f"llama.cpp runtime not built ({why}): run `clover-gguf runtime build`"

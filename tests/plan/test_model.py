@@ -244,7 +244,7 @@ def test_vram_alone_states_the_card_assumed():
 
 
 def test_kl_is_a_prior_unless_the_curves_are_of_this_model(tmp_path):
-    from clover_gguf.eval.backends import model_dir_hash
+    from clover_gguf.eval.quality.backends import model_dir_hash
 
     p = make_plan(open_source(str(TINY)), gpu="rtx4080")
     assert p["kl_label"] == "prior"  # the committed curves were measured on clover-tiny v1

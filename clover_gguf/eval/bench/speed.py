@@ -87,16 +87,16 @@ def _load(backend: str, path: str, threads: int, max_block: int | None = None, n
 
     torch.set_num_threads(threads)
     if backend == "reference-bf16":
-        from ..backends import load_reference
+        from ..quality.backends import load_reference
 
         m = load_reference(path)
         return m, m.config
     if backend == "reference-dequant":
-        from ..backends import load_dequantized
+        from ..quality.backends import load_dequantized
 
         m = load_dequantized(path)
         return m, m.config
-    from ..backends import open_runtime
+    from ..quality.backends import open_runtime
 
     rt = open_runtime(path, threads, n_gpu_layers=n_gpu_layers, max_block=max_block)
     return rt, getattr(rt, "config", None)
@@ -281,7 +281,7 @@ def run_speed(
     log=print,
 ) -> dict:
     from ...util import default_threads
-    from ..backends import model_dir_hash, runtime_status
+    from ..quality.backends import model_dir_hash, runtime_status
     from ..sysinfo import environment, gguf_file_info
 
     threads = threads or default_threads()

@@ -39,8 +39,8 @@ from ...errors import CloverError
 from ...outputs import output_file, write_json
 from ...reference.generate import NonFiniteError
 from ...util import EVALDATA, default_threads
-from .. import backends as bk
 from ..sysinfo import environment, gguf_file_info
+from . import backends as bk
 from .corpus import (
     DEFAULT_RATIOS,
     DEFAULT_SEED,

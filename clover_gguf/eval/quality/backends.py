@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..util import default_threads, sha256_file
+from ...util import default_threads, sha256_file
 
 
 def model_dir_hash(model_dir) -> str:
@@ -33,15 +33,15 @@ def model_dir_hash(model_dir) -> str:
 
 
 def load_reference(model_dir):
-    from ..reference.model import CloverModel
+    from ...reference.model import CloverModel
 
     return CloverModel.from_pretrained(model_dir, dtype=torch.float32)
 
 
 def load_dequantized(gguf_path):
     """(model, config) of the PyTorch reference on a GGUF's dequantized weights."""
-    from ..gguf_io.reader import load_gguf_as_hf_tensors
-    from ..reference.model import CloverModel
+    from ...gguf_io.reader import load_gguf_as_hf_tensors
+    from ...reference.model import CloverModel
 
     cfg, tensors = load_gguf_as_hf_tensors(gguf_path)
     return CloverModel.from_tensors(cfg, tensors, torch.float32)
@@ -50,7 +50,7 @@ def load_dequantized(gguf_path):
 def runtime_status() -> tuple[bool, str]:
     """(available, why not / what) for the llama.cpp runtime."""
     try:
-        from ..runtime import bindings, runtime  # noqa: F401
+        from ...runtime import bindings, runtime  # noqa: F401
 
         bindings.load()
     except Exception as e:  # not written yet, not built, or libllama without the clover API
@@ -60,7 +60,7 @@ def runtime_status() -> tuple[bool, str]:
 
 def open_runtime(gguf_path, n_threads: int | None = None, n_gpu_layers: int = 0, max_block: int | None = None):
     """CloverRuntime on a GGUF; ``max_block`` raises n_ubatch/n_batch to fit that block size."""
-    from ..runtime.runtime import CloverRuntime
+    from ...runtime.runtime import CloverRuntime
 
     kw = {}
     if max_block and max_block > 256:  # CloverRuntime's default n_ubatch is max(256, B)
@@ -86,7 +86,7 @@ class TorchProvider:
 
     def diagnose(self, block: list[int]) -> str:
         """The first module whose output is not finite, over one denoising step of ``block``."""
-        from ..reference.nonfinite import first_nonfinite_module
+        from ...reference.nonfinite import first_nonfinite_module
 
         found, checked = first_nonfinite_module(self.model, [], block)
         return f"; the first non-finite output is {found}" if found else f"; all {checked} module outputs finite"
