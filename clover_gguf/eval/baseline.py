@@ -174,8 +174,8 @@ def run_baseline(
     from .bench.speed import run_speed
     from .quality.backends import runtime_status
     from .quality.run import Generation, Sampling
+    from .quality.sensitivity import run_sensitivity
     from .render.report import render
-    from .sensitivity import run_sensitivity
 
     t0 = time.perf_counter()
     out, work = Path(out_dir), Path(work_dir)

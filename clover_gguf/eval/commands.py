@@ -370,8 +370,8 @@ def sensitivity_cmd(
     """KL and bytes of each tensor group quantized alone (per type: the curves `plan` and
     `--recipe fit:SIZE` use)."""
     from ..convert import quants
+    from .quality.sensitivity import DEFAULT_GROUPS, DEFAULT_QTYPE, run_sensitivity
     from .render.report import render
-    from .sensitivity import DEFAULT_GROUPS, DEFAULT_QTYPE, run_sensitivity
 
     qtypes = list(qtypes) or [DEFAULT_QTYPE]
     for t in qtypes:

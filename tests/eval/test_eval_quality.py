@@ -110,7 +110,7 @@ def test_runtime_provider_matches_reference_on_f32_weights(tmp_path):
 
 
 def test_sensitivity_one_group(tmp_path):
-    from clover_gguf.eval.sensitivity import run_sensitivity
+    from clover_gguf.eval.quality.sensitivity import run_sensitivity
 
     s = run_sensitivity(
         RC,

@@ -13,9 +13,9 @@ import re
 import time
 from pathlib import Path
 
-from ..constants import TENSOR_GROUPS
-from ..outputs import write_json
-from .quality.run import Generation, Sampling, run_quality
+from ...constants import TENSOR_GROUPS
+from ...outputs import write_json
+from .run import Generation, Sampling, run_quality
 
 DEFAULT_GROUPS = ("experts_gate_up", "experts_down", "attention", "memory", "shared_expert", "embeddings", "output")
 DEFAULT_QTYPE = "q4_k"
@@ -23,7 +23,7 @@ DEFAULT_QTYPE = "q4_k"
 
 def group_bytes(gguf_info: dict, path, group: str) -> tuple[int, int]:
     """(bytes, n tensors) of a group's tensors in a GGUF."""
-    from ..gguf_io.reader import open_gguf
+    from ...gguf_io.reader import open_gguf
 
     r = open_gguf(path)
     pat = re.compile(TENSOR_GROUPS[group])
@@ -51,7 +51,7 @@ def run_sensitivity(
     """Convert one file per group, score them (quality.Sampling, no generation), return the
     sensitivity run (also written to ``out_dir/sensitivity.json``). ``imatrix``: a GGUF
     imatrix weighting the group's quantization (the IQ2 types need one)."""
-    from .workfiles import converted
+    from ..workfiles import converted
 
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
