@@ -34,7 +34,7 @@ from pathlib import Path
 from ..reference.generate import GenerationConfig
 from ..tokenizer import END_TOOL_CALL, TOOL_CALL
 from .quality.metrics import spread
-from .tool_blocks import BLOCK_CLASSES, IM_END, block_steps, gen_config, token_labels
+from .quality.tool_blocks import BLOCK_CLASSES, IM_END, block_steps, gen_config, token_labels
 
 MODES = ("free", "constrained")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-from ..reference.generate import GenerationConfig
-from ..tokenizer import END_TOOL_CALL, TOOL_CALL
+from ...reference.generate import GenerationConfig
+from ...tokenizer import END_TOOL_CALL, TOOL_CALL
 
 IM_END = "<|im_end|>"
 BLOCK_CLASSES = ("call", "prose", "think")
