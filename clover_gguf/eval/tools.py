@@ -391,7 +391,7 @@ def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print
     )
     stab = {}
     if cfg.stability_turns:
-        from .stability import stability_of
+        from .quality.stability import stability_of
 
         stab[targets[0].name] = stability_of(ref_dec, turns, cfg, log)
     for name, g in zip(names, ggufs):

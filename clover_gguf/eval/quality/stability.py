@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..reference.generate import generate
-from .quality.tool_blocks import BLOCK_CLASSES, IM_END, gen_config, token_labels
+from ...reference.generate import generate
+from .tool_blocks import BLOCK_CLASSES, IM_END, gen_config, token_labels
 
 STABILITY_TOKENS = 64
 
