@@ -589,7 +589,7 @@ def tools_cmd(reference, ggufs, heldout, limit, modes, max_new_tokens, block_siz
     """
     import torch
 
-    from .tools import ToolsConfig, run_tools
+    from .quality.tools import ToolsConfig, run_tools
 
     if threads:
         torch.set_num_threads(threads)

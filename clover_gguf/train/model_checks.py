@@ -191,7 +191,7 @@ def threshold_speed(
 def tool_call_quality(model_dir, limit: int | None = None, max_new_tokens: int = 160, log=None) -> dict:
     """`clover-gguf eval tools`' figures for the PyTorch reference on a model folder (free decoding,
     greedy, threshold 0.9) on the held-out transcripts (the first `limit` of them)."""
-    from ..eval.tools import ReferenceDecoder, ToolsConfig, evaluate, load_turns
+    from ..eval.quality.tools import ReferenceDecoder, ToolsConfig, evaluate, load_turns
 
     cfg = ToolsConfig(limit=limit, max_new_tokens=max_new_tokens, modes=("free",))
     turns, _ = load_turns(None, limit)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from clover_gguf.cli import cli
-from clover_gguf.eval import tools as E
+from clover_gguf.eval.quality import tools as E
 from clover_gguf.reference.generate import BlockStats, GenerationResult
 from clover_gguf.train import toolset
 from clover_gguf.train import transcripts as T

@@ -31,10 +31,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..reference.generate import GenerationConfig
-from ..tokenizer import END_TOOL_CALL, TOOL_CALL
-from .quality.metrics import spread
-from .quality.tool_blocks import BLOCK_CLASSES, IM_END, block_steps, gen_config, token_labels
+from ...reference.generate import GenerationConfig
+from ...tokenizer import END_TOOL_CALL, TOOL_CALL
+from .metrics import spread
+from .tool_blocks import BLOCK_CLASSES, IM_END, block_steps, gen_config, token_labels
 
 MODES = ("free", "constrained")
 
@@ -61,7 +61,7 @@ class ToolsConfig:
 def load_turns(path=None, limit: int | None = None) -> tuple[list[dict], dict]:
     """(turns, tool schemas): every assistant turn of the held-out transcripts, with its history,
     offered tools, thinking mode and expected calls."""
-    from ..train.transcripts import HELDOUT_DIR, assistant_turns, expected_calls, load_heldout_set
+    from ...train.transcripts import HELDOUT_DIR, assistant_turns, expected_calls, load_heldout_set
 
     p = Path(path) if path else HELDOUT_DIR / "heldout.jsonl"
     if not p.is_file():
@@ -99,8 +99,8 @@ class ReferenceDecoder:
     name, grammar = "reference-bf16", False
 
     def __init__(self, model_dir):
-        from ..tokenizer import CloverTokenizer
-        from .quality.backends import load_reference
+        from ...tokenizer import CloverTokenizer
+        from .backends import load_reference
 
         self.model = load_reference(model_dir)
         self.tok = CloverTokenizer.from_dir(model_dir)
@@ -108,18 +108,18 @@ class ReferenceDecoder:
         self.eos, self.mask = self.tok.eos_id, self.tok.mask_id
 
     def prompt(self, turn: dict) -> list[int]:
-        from ..train.transcripts import render_prompt
+        from ...train.transcripts import render_prompt
 
         schemas = {t["function"]["name"]: t for t in turn["tools"]}
         return self.tok.encode(render_prompt(self.tok, turn["transcript"], turn["k"], schemas))
 
     def backend(self):
-        from ..reference.generate import TorchBackend
+        from ...reference.generate import TorchBackend
 
         return TorchBackend(self.model)
 
     def generate(self, ids, cfg: GenerationConfig, on_block=None):
-        from ..reference.generate import generate
+        from ...reference.generate import generate
 
         return generate(self.backend(), ids, cfg, on_block)
 
@@ -136,7 +136,7 @@ class RuntimeDecoder:
     name, grammar = "runtime", True
 
     def __init__(self, gguf, threads=None):
-        from .quality.backends import open_runtime
+        from .backends import open_runtime
 
         self.rt = open_runtime(gguf, threads)
         self.block_size = self.rt.default_block_size
@@ -148,7 +148,7 @@ class RuntimeDecoder:
         return self.rt.tokenize(text)
 
     def backend(self):
-        from ..runtime.runtime import RuntimeBackend
+        from ...runtime.runtime import RuntimeBackend
 
         return RuntimeBackend(self.rt)
 
@@ -170,7 +170,7 @@ class RuntimeDecoder:
 
 def split_turn(text: str, thinking: bool) -> tuple[str, str]:
     """(reasoning, content) of the generated turn, cut at the end of the turn."""
-    from ..serve.text import split_reasoning
+    from ...serve.text import split_reasoning
 
     text = text.split(IM_END)[0]
     r, c = split_reasoning(text) if thinking else (None, text)
@@ -180,7 +180,7 @@ def split_turn(text: str, thinking: bool) -> tuple[str, str]:
 def parse_sections(content: str, tools: list[dict]) -> list[dict]:
     """Every `<tool_call>` section of a reply (one left open at the end counts, unparsable):
     name, arguments, whether the JSON is a call and whether it fits the named offered tool."""
-    from ..train.toolset import schema_errors
+    from ...train.toolset import schema_errors
 
     out = []
     for m in re.finditer(re.escape(TOOL_CALL) + r"(.*?)(" + re.escape(END_TOOL_CALL) + r"|$)", content, re.S):
@@ -216,7 +216,7 @@ def match_calls(expected: list[dict], emitted: list[dict]) -> list[dict | None]:
 
 def constrain(dec, g: GenerationConfig, turn: dict) -> GenerationConfig:
     """The server's tool_choice "auto" grammar: lazy, from the first <tool_call> token on."""
-    from ..serve.tools import request_constraint
+    from ...serve.tools import request_constraint
 
     c = request_constraint({"tools": turn["tools"], "tool_choice": "auto"}, turn["thinking"], dec.token_id)
     g.grammar, g.grammar_triggers = c.grammar, [dec.token_id(c.trigger)] if c.trigger else None
@@ -374,7 +374,7 @@ def check_config(cfg: ToolsConfig) -> None:
 def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print) -> dict:
     """The command: the reference (free), then each GGUF (cfg.modes); writes tools.json,
     report.md and tools.png to out_dir. Returns the run dict."""
-    from .sysinfo import environment
+    from ..sysinfo import environment
 
     check_config(cfg)
     turns, _ = load_turns(cfg.heldout, cfg.limit)
@@ -391,7 +391,7 @@ def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print
     )
     stab = {}
     if cfg.stability_turns:
-        from .quality.stability import stability_of
+        from .stability import stability_of
 
         stab[targets[0].name] = stability_of(ref_dec, turns, cfg, log)
     for name, g in zip(names, ggufs):
@@ -419,7 +419,7 @@ def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print
     tmp = out / "tools.json.tmp"
     tmp.write_text(json.dumps(run, indent=1))
     tmp.replace(out / "tools.json")
-    from .render.tools import render_tools
+    from ..render.tools import render_tools
 
     render_tools(run, out)
     return run
