@@ -262,6 +262,104 @@ def prompt_ids_for(reference=None, n: int = 4096, vocab_size: int | None = None,
     return ids, "pseudo-random token ids (seed 0)"
 
 
+def choose_backends(backends, rt_ok: bool, rt_why: str) -> tuple[set[str], list[str]]:
+    """The backends the GGUF rows run on ("auto": the runtime when built, else the reference on
+    dequantized weights; "both"), and the note that says so when the runtime is missing."""
+    notes = []
+    want = set()
+    for b in backends:
+        if b == "auto":
+            want |= {"runtime"} if rt_ok else {"reference-dequant"}
+        elif b == "both":
+            want |= {"runtime", "reference-dequant"}
+        else:
+            want.add(b)
+    if "runtime" in want and not rt_ok:
+        want.discard("runtime")
+        want.add("reference-dequant")
+        notes.append(
+            f"llama.cpp runtime not available ({rt_why}); GGUF rows use the PyTorch reference on "
+            "dequantized weights, whose speed is not the quantized kernels' speed"
+        )
+    return want, notes
+
+
+def speed_targets(ggufs, reference, want: set[str], names=None) -> list[dict]:
+    """One target per (file, backend): the BF16 reference first when given, then each GGUF."""
+    from ..sysinfo import gguf_file_info
+
+    targets = []
+    if reference:
+        targets.append({"name": "PyTorch BF16", "backend": "reference-bf16", "path": str(reference)})
+    for i, g in enumerate(ggufs):
+        info = gguf_file_info(g)
+        nm = names[i] if names and i < len(names) else info["name"]
+        for b in ("runtime", "reference-dequant"):
+            if b in want:
+                targets.append(
+                    {
+                        "name": nm,
+                        "backend": b,
+                        "path": str(g),
+                        "sha256": info["sha256"],
+                        "bytes": info["bytes"],
+                        "bpw": info["bpw"],
+                    }
+                )
+    return targets
+
+
+def speed_prompt(reference, base: dict, sweeps: dict) -> tuple[list[int], str, int | None]:
+    """The prompt every target decodes (long enough for every prompt_len swept), where it comes
+    from, and the mask token id (None without a reference)."""
+    mask_id = None
+    V = None
+    if reference:
+        from ...checkpoint import Checkpoint
+
+        c = Checkpoint(reference).config
+        mask_id, V = c.mask_token_id, c.vocab_size
+        specials = {c.mask_token_id, c.eos_token_id, c.bos_token_id, c.pad_token_id}
+    else:
+        specials = set()
+    need = max([base["prompt_len"]] + list(sweeps.get("prompt_len", [])))
+    prompt_ids, prompt_src = prompt_ids_for(reference, need, V, specials)
+    return prompt_ids, prompt_src, mask_id
+
+
+def measure_target(t: dict, spec: dict, cold_runs: int, timeout: float, reference, log=print) -> None:
+    """Measure one target in fresh subprocesses (one full worker, then load-only ones for the
+    other cold loads) and record the figures, or the error, in t."""
+    from ..quality.backends import model_dir_hash
+
+    try:
+        res = _spawn(spec, timeout)
+        colds = [res["load_cold_s"]]
+        for _ in range(max(0, cold_runs - 1)):
+            colds.append(_spawn({**spec, "load_only": True}, timeout)["load_cold_s"])
+        t.update(
+            {
+                "load_cold_s": spread(colds),
+                "load_warm_s": spread([res["load_warm_s"]]),
+                "peak_rss_mib": spread([res["peak_rss_mib"]]),
+                "base": res["base"],
+                "sweeps": res["sweeps"],
+            }
+        )
+        if "peak_vram_mib" in res:
+            t["peak_vram_mib"] = res["peak_vram_mib"]
+        if t["backend"] == "reference-bf16":
+            t["sha256"] = "model dir " + model_dir_hash(reference)
+        b = res["base"]
+        log(
+            f"  gen {b['gen_tps'].get('median', float('nan')):.1f} tok/s, prompt "
+            f"{b['prompt_tps'].get('median', float('nan')):.1f} tok/s, cold load {spread(colds)['median']:.3f} s"
+        )
+    except Exception as e:
+        t["error"] = str(e)
+        log(f"  failed: {e}")
+
+
 def run_speed(
     ggufs,
     reference=None,
@@ -281,59 +379,16 @@ def run_speed(
     log=print,
 ) -> dict:
     from ...util import default_threads
-    from ..quality.backends import model_dir_hash, runtime_status
-    from ..sysinfo import environment, gguf_file_info
+    from ..quality.backends import runtime_status
+    from ..sysinfo import environment
 
     threads = threads or default_threads()
     base = {**DEFAULT_BASE, **(base or {})}
     sweeps = sweeps or {}
     rt_ok, rt_why = runtime_status()
-    notes = []
-    want = set()
-    for b in backends:
-        if b == "auto":
-            want |= {"runtime"} if rt_ok else {"reference-dequant"}
-        elif b == "both":
-            want |= {"runtime", "reference-dequant"}
-        else:
-            want.add(b)
-    if "runtime" in want and not rt_ok:
-        want.discard("runtime")
-        want.add("reference-dequant")
-        notes.append(
-            f"llama.cpp runtime not available ({rt_why}); GGUF rows use the PyTorch reference on "
-            "dequantized weights, whose speed is not the quantized kernels' speed"
-        )
-    targets = []
-    if reference:
-        targets.append({"name": "PyTorch BF16", "backend": "reference-bf16", "path": str(reference)})
-    for i, g in enumerate(ggufs):
-        info = gguf_file_info(g)
-        nm = names[i] if names and i < len(names) else info["name"]
-        for b in ("runtime", "reference-dequant"):
-            if b in want:
-                targets.append(
-                    {
-                        "name": nm,
-                        "backend": b,
-                        "path": str(g),
-                        "sha256": info["sha256"],
-                        "bytes": info["bytes"],
-                        "bpw": info["bpw"],
-                    }
-                )
-    mask_id = None
-    V = None
-    if reference:
-        from ...checkpoint import Checkpoint
-
-        c = Checkpoint(reference).config
-        mask_id, V = c.mask_token_id, c.vocab_size
-        specials = {c.mask_token_id, c.eos_token_id, c.bos_token_id, c.pad_token_id}
-    else:
-        specials = set()
-    need = max([base["prompt_len"]] + list(sweeps.get("prompt_len", [])))
-    prompt_ids, prompt_src = prompt_ids_for(reference, need, V, specials)
+    want, notes = choose_backends(backends, rt_ok, rt_why)
+    targets = speed_targets(ggufs, reference, want, names)
+    prompt_ids, prompt_src, mask_id = speed_prompt(reference, base, sweeps)
     cold_runs = runs if cold_runs is None else cold_runs
     for t in targets:
         log(f"speed: {t['name']} ({t['backend']})")
@@ -351,32 +406,7 @@ def run_speed(
             "mask_token_id": mask_id,
             "n_gpu_layers": n_gpu_layers if t["backend"] == "runtime" else 0,
         }
-        try:
-            res = _spawn(spec, timeout)
-            colds = [res["load_cold_s"]]
-            for _ in range(max(0, cold_runs - 1)):
-                colds.append(_spawn({**spec, "load_only": True}, timeout)["load_cold_s"])
-            t.update(
-                {
-                    "load_cold_s": spread(colds),
-                    "load_warm_s": spread([res["load_warm_s"]]),
-                    "peak_rss_mib": spread([res["peak_rss_mib"]]),
-                    "base": res["base"],
-                    "sweeps": res["sweeps"],
-                }
-            )
-            if "peak_vram_mib" in res:
-                t["peak_vram_mib"] = res["peak_vram_mib"]
-            if t["backend"] == "reference-bf16":
-                t["sha256"] = "model dir " + model_dir_hash(reference)
-            b = res["base"]
-            log(
-                f"  gen {b['gen_tps'].get('median', float('nan')):.1f} tok/s, prompt "
-                f"{b['prompt_tps'].get('median', float('nan')):.1f} tok/s, cold load {spread(colds)['median']:.3f} s"
-            )
-        except Exception as e:
-            t["error"] = str(e)
-            log(f"  failed: {e}")
+        measure_target(t, spec, cold_runs, timeout, reference, log)
     run = {
         "schema": "clover-gguf-eval/1",
         "kind": "speed",
