@@ -683,6 +683,54 @@ def _tokenizer(model_dir: Path):
     return CloverTokenizer.from_dir(model_dir)
 
 
+def checked_inputs(sampling: Sampling, generation: Generation, threads, reference, ggufs, out_dir):
+    """The run's settings checked (QualityError naming the bad one), paths as Paths, threads
+    defaulted, out_dir created: (threads, reference, ggufs, out_dir)."""
+    sampling.validate()
+    generation.validate()
+    if threads is not None and threads < 1:
+        raise QualityError(f"threads {threads}: must be at least 1")
+    threads = threads or default_threads()
+    reference, ggufs = Path(reference), [Path(g) for g in ggufs]
+    for g in ggufs:
+        if not g.is_file():
+            raise QualityError(f"GGUF not found: {g}")
+    out_dir = Path(out_dir) if out_dir else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    return threads, reference, ggufs, out_dir
+
+
+def mismatch_notes(ggufs: list[Path], reference: Path, cfg: CloverConfig) -> list[str]:
+    """check_matches_reference for each GGUF, before any scoring (a GGUF of another model would
+    score nonsense); the reference's weights are hashed once, only if a GGUF needs it."""
+    ref_sha = functools.cache(lambda: weights_sha256(Checkpoint(reference)))
+    return [n for n in (check_matches_reference(g, reference, cfg, ref_sha) for g in ggufs) if n]
+
+
+def cached_reference_logits(ref_model, ref_hash: str, reference: Path, samples, top_k: int, cfg: CloverConfig, out_dir,
+                     notes: list[str], log=print) -> ReferenceLogits:  # fmt: skip
+    """The reference's compact logits on the samples, from out_dir's reference-logits.npz when it
+    was computed for this reference, these samples and this top_k, else computed (and saved)."""
+    cache_meta = {
+        "reference": str(reference),
+        "reference_sha256": ref_hash,
+        "samples": samples.fingerprint(),
+        "top_k": top_k,
+        "exclude_token": cfg.mask_token_id,
+    }
+    return ReferenceLogits.load_or_compute(
+        ref_model,
+        samples,
+        top_k,
+        cfg.mask_token_id,
+        cache_meta,
+        out_dir / "reference-logits.npz" if out_dir else None,
+        notes,
+        log,
+    )
+
+
 def run_quality(
     reference,
     ggufs,
@@ -700,27 +748,12 @@ def run_quality(
     under ``out_dir`` (when given). See the module docstring."""
     t_start = time.perf_counter()
     sampling, generation = sampling or Sampling(), generation or Generation()
-    sampling.validate()
-    generation.validate()
-    if threads is not None and threads < 1:
-        raise QualityError(f"threads {threads}: must be at least 1")
-    threads = threads or default_threads()
+    threads, reference, ggufs, out_dir = checked_inputs(sampling, generation, threads, reference, ggufs, out_dir)
     torch.set_num_threads(threads)
-    reference, ggufs = Path(reference), [Path(g) for g in ggufs]
-    for g in ggufs:
-        if not g.is_file():
-            raise QualityError(f"GGUF not found: {g}")
-    out_dir = Path(out_dir) if out_dir else None
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
     provs, notes, (rt_ok, rt_why) = select_providers(backend)
 
     cfg = CloverConfig.load(reference)
-    ref_sha = functools.cache(lambda: weights_sha256(Checkpoint(reference)))  # read once, if needed
-    for g in ggufs:  # before any scoring: a GGUF of another model would score nonsense
-        note = check_matches_reference(g, reference, cfg, ref_sha)
-        if note:
-            notes.append(note)
+    notes += mismatch_notes(ggufs, reference, cfg)  # before any scoring
     B = int(sampling.block_size or cfg.block_size)
     tokenizer = _tokenizer(reference)
     prompts = generation.load_prompts(tokenizer, cfg.vocab_size)
@@ -732,23 +765,7 @@ def run_quality(
     log(f"loading reference {reference}")
     ref_model, t_load = bk.timed(bk.load_reference, reference)
     ref_hash = bk.model_dir_hash(reference)
-    cache_meta = {
-        "reference": str(reference),
-        "reference_sha256": ref_hash,
-        "samples": samples.fingerprint(),
-        "top_k": sampling.top_k,
-        "exclude_token": cfg.mask_token_id,
-    }
-    ref = ReferenceLogits.load_or_compute(
-        ref_model,
-        samples,
-        sampling.top_k,
-        cfg.mask_token_id,
-        cache_meta,
-        out_dir / "reference-logits.npz" if out_dir else None,
-        notes,
-        log,
-    )
+    ref = cached_reference_logits(ref_model, ref_hash, reference, samples, sampling.top_k, cfg, out_dir, notes, log)
     gen = GenerationAgreement(generation, ref_model, B, prompts)
     rt_threads = runtime_threads or threads
     models = [
