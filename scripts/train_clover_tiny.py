@@ -386,7 +386,7 @@ def final_eval(a, tok, train_ids, held_ids, info) -> dict:
     res["thirdparty"] = model_checks.thirdparty_quality(model, tok, max_tokens=a.final_eval_tokens)
     res["functions"] = model_checks.function_completions(model, tok, model_checks.load_function_prompts())
     res["function_speed"] = model_checks.threshold_speed(model, tok, model_checks.load_function_prompts())
-    if tok.token_to_id("<tool_call>") is not None:  # the held-out tool transcripts (eval/tools.py)
+    if tok.token_to_id("<tool_call>") is not None:  # the held-out tool transcripts (eval/quality/tools.py)
         res["tools"] = model_checks.tool_call_quality(a.out, log=log_print)
     res["targets"] = model_checks.targets(res)
     res["unigram"] = data.unigram_entropy_bits(train_ids, held_ids, vocab_size=model.config.vocab_size)

@@ -169,7 +169,7 @@ def run_baseline(
     summary: str | None = None,
     log=print,
 ) -> dict | None:
-    """sampling/generation: quality.Sampling/Generation of the quality stage (the sensitivity
+    """sampling/generation: quality.run.Sampling/Generation of the quality stage (the sensitivity
     stage takes the same sampling, with sens_kw's "n_windows", and its "qtype")."""
     from .bench.speed import run_speed
     from .quality.backends import runtime_status

@@ -43,7 +43,7 @@ class Curves:
     layers: int = 0  # layers of the model the curves were measured on
     target_layers: int = 0  # layers of the model predicted (0: the same)
     reference: str | None = None  # the sensitivity runs' reference model
-    reference_sha256: frozenset[str] = frozenset()  # eval.backends.model_dir_hash of it
+    reference_sha256: frozenset[str] = frozenset()  # eval.quality.backends.model_dir_hash of it
 
     def for_layers(self, n: int) -> Curves:
         """The curves applied to an n-layer model: a per-layer group's error adds up over the

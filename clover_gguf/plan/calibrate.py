@@ -1,7 +1,7 @@
 """Measure this machine's CPU terms of the cost model and check the model against it.
 
 Each measurement is one forward pass of the runtime, timed alone: a commit of a B-token block,
-and a denoising step with n rows masked (lm_head over n rows), as eval/passes.py times them;
+and a denoising step with n rows masked (lm_head over n rows), as eval/bench/passes.py times them;
 the median of a few repeats. `calibrate` fits c0, c_layer, BW and R (cost.CpuCalibration) by
 non-negative least squares on relative error; `validate` prints predicted vs measured step,
 commit and block times on other files."""

@@ -1,4 +1,4 @@
-"""eval.metrics against hand-computed cases, and the compact reference logits' error bound."""
+"""eval.quality.metrics against hand-computed cases, and the compact reference logits' error bound."""
 
 import math
 

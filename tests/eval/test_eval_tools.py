@@ -1,4 +1,4 @@
-"""`clover-gguf eval tools` (eval/tools.py, stability.py, render/tools.py): reading replies,
+"""`clover-gguf eval tools` (eval/quality/tools.py, stability.py; eval/render/tools.py): reading replies,
 matching calls, the figures, and a real run of clover-tiny (PyTorch reference and a GGUF through
 the runtime) on a held-out transcript."""
 

@@ -7,7 +7,7 @@ configuration and every sweep point, ``warmup`` unrecorded runs and ``runs`` rec
 of a full generation (prefill of the prompt, then ``max_new_tokens`` tokens in blocks;
 EOS is ignored so every run produces the same number of tokens). Cold load is repeated in
 ``runs`` fresh processes. Every figure is reported as median, p10, p90 over the recorded
-runs (metrics.spread); no best-of.
+runs (quality.metrics.spread); no best-of.
 
 Per run: prompt tokens/s (prompt length / prefill time), generation tokens/s (generated
 tokens / time after the prefill), time per denoising step, steps per block, tokens per

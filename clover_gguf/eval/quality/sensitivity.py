@@ -106,7 +106,7 @@ def run_sensitivity(
     threads: int | None = None,
     imatrix=None,
 ) -> dict:
-    """Convert one file per group, score them (quality.Sampling, no generation), return the
+    """Convert one file per group, score them (run.Sampling, no generation), return the
     sensitivity run (also written to ``out_dir/sensitivity.json``). ``imatrix``: a GGUF
     imatrix weighting the group's quantization (the IQ2 types need one)."""
     t0 = time.perf_counter()

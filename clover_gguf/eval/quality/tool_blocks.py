@@ -1,4 +1,4 @@
-"""The parts of a generated tools turn (eval/tools.py, eval/stability.py): which block class a
+"""The parts of a generated tools turn (tools.py, stability.py): which block class a
 token is in (a tool call, thinking, prose), the steps each class took, and a turn's
 generation config."""
 

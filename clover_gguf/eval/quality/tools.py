@@ -51,7 +51,7 @@ class ToolsConfig:
     temperature: float = 0.0
     repeats: int = 1
     seed: int = 0
-    stability_turns: int = 0  # formatting stability (eval/stability.py) on this many call turns
+    stability_turns: int = 0  # formatting stability (stability.py) on this many call turns
     threads: int | None = None
 
 

@@ -31,7 +31,7 @@ def md_table(head: list[str], rows: list[list]) -> str:
 
 
 def spread_cell(s, scale=1.0, nd=2):
-    """A metrics.spread dict as "median [p10–p90]"."""
+    """A quality.metrics.spread dict as "median [p10–p90]"."""
     if not s or not s.get("n"):
         return "–"
     return f"{s['median'] * scale:.{nd}f} [{s['p10'] * scale:.{nd}f}–{s['p90'] * scale:.{nd}f}]"

@@ -101,7 +101,7 @@ def tools_markdown(run: dict, plot: str | None) -> str:
             "",
             f"{n} turns that expect a call, greedy, 64 tokens each. A finished block is revised when some "
             "position unmasked before the block's last step, masked again alone with the rest of the finished "
-            "block visible, gets another argmax than the token committed there (eval/stability.py).",
+            "block visible, gets another argmax than the token committed there (eval/quality/stability.py).",
             "",
             stability_table(run),
             "",
