@@ -27,12 +27,11 @@ Per file, provider and decoding mode (median and p10/p90 over --repeats, which n
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..reference.generate import GenerationConfig
-from ..tokenizer import END_TOOL_CALL, TOOL_CALL
+from ..tokenizer import tool_call_sections
 from .metrics import spread
 from .tool_blocks import BLOCK_CLASSES, IM_END, block_steps, gen_config, token_labels
 
@@ -183,8 +182,8 @@ def parse_sections(content: str, tools: list[dict]) -> list[dict]:
     from ..train.toolset import schema_errors
 
     out = []
-    for m in re.finditer(re.escape(TOOL_CALL) + r"(.*?)(" + re.escape(END_TOOL_CALL) + r"|$)", content, re.S):
-        inner, closed = m.group(1).strip(), bool(m.group(2))
+    for _, body, end in tool_call_sections(content):
+        inner, closed = content[body:end].strip(), end is not None
         s = {"closed": closed, "json": False, "schema": False, "name": None, "arguments": None}
         try:
             obj = json.loads(inner) if closed else None
