@@ -1,22 +1,17 @@
-"""The fuzz harness (scripts/fuzz_gguf.py): its mutants (metadata, tensor data, truncation) of
+"""The fuzz harness (tests/fuzz/fuzz_gguf.py): its mutants (metadata, tensor data, truncation) of
 both bases (spec random-clover, clover-tiny with its tokenizer and template), the inputs that
 once crashed or hung the runtime (tests/data/fuzz/) giving clean errors everywhere, its output
 comparison with the unmutated file (a run that differs without a reason is a finding), and a
 short campaign with no finding. CI runs the bounded campaign (scripts/test.sh); README
 "Fuzzing" has the long one."""
 
-import importlib.util
 import random
-import sys
 
 import pytest
+from fuzz import fuzz_gguf as F
 from testdata import REPO
 
 from clover_gguf.gguf_io import codec
-
-_spec = importlib.util.spec_from_file_location("fuzz_gguf", REPO / "scripts" / "fuzz_gguf.py")
-F = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(F)
 
 HINT = "(does the runtime include patches/0007, 0010, 0011? `clover-gguf runtime build` rebuilds it)"
 
