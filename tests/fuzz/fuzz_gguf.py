@@ -645,14 +645,15 @@ def _expected(base: Base, cli: Path, py: PythonWorker, timeout: float) -> None:
 
 
 def campaign(iterations: int, seed: int, keep: Path | None, timeout: float = TIMEOUT, log=print,
-             tiny_share: float = 0.25) -> Tally:  # fmt: skip
+             tiny_share: float = 0.25, base_dir: Path | None = None) -> Tally:  # fmt: skip
+    """base_dir: where base_files finds (or converts) the bases; default the campaign's temp folder."""
     cli = find_cli()
     tally = Tally()
     rng = random.Random(seed)
     py = PythonWorker()
     with tempfile.TemporaryDirectory(prefix="clover-fuzz-") as td:
         tmp = Path(td)
-        bases = {k: load_base(k, p) for k, p in base_files(tmp).items()}
+        bases = {k: load_base(k, p) for k, p in base_files(base_dir or tmp).items()}
         for b in bases.values():
             _expected(b, cli, py, timeout)
         t0 = time.time()
