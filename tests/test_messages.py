@@ -50,12 +50,8 @@ def test_memory_error_is_one_line(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
-
-    p = tmp_path_factory.mktemp("g") / "tiny.gguf"
-    convert(TINY, p, progress=False)
-    return p
+def tiny_gguf(converted):
+    return converted(TINY)
 
 
 def test_run_under_an_address_space_limit(tiny_gguf):
