@@ -76,9 +76,26 @@ class CloverRuntime:
             raise RuntimeLoadError(str(e).replace("no such file", "no such GGUF file")) from None
         self._lib = B.load()
         self._log = B.log_capture(self._lib, verbose=not quiet)
-        lc = self._lib.lc
         self._keep: list = []
         self.rpc_servers = B.parse_rpc_servers(rpc_servers)
+        self.model = self._load_model(n_gpu_layers, experts_on_cpu, cpu_tensors, mmap)
+        # tensor -> buffer type of every tensor a buffer-type override placed (experts_on_cpu),
+        # as llama.cpp's loader reports it
+        self.buffer_overrides = dict(self._log.overrides)
+        self._read_vocab()
+        self.n_threads = int(n_threads or min(default_threads(), GGML_MAX_N_THREADS))
+        self.n_seq_max = int(n_seq_max)
+        self.ctx = self._new_context(n_ctx, n_batch, n_ubatch, op_offload)
+        # where the layers, weights, memory and compute buffers went (llama.cpp's load log: it
+        # has no API for it), e.g. {"layers": {"RPC0": [0, 1]}, "buffers": {"model": {...}}, ...}
+        self.placement = B.parse_placement(self._log.placement, self.n_layer)
+        self._logits = np.empty((0,), dtype=np.float32)
+        self._state_sizes: dict[int, int] = {}
+        self._nonfinite_diag: str | None = None
+        self.last_perf: dict | None = None
+
+    def _load_model(self, n_gpu_layers: int, experts_on_cpu: bool, cpu_tensors, mmap: bool):
+        """llama_model_load_from_file with the placement asked for; RuntimeLoadError says why not."""
         try:
             devices = B.offload_devices(self._lib, self.rpc_servers)
         except B.RpcError as e:
@@ -88,12 +105,14 @@ class CloverRuntime:
         self._log.overrides.clear()
         self._log.placement.clear()
         with B.stderr_silenced(not self._log.verbose):
-            self.model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
-        if not self.model:
+            model = self._lib.lc.llama_model_load_from_file(str(self.path).encode(), mp)
+        if not model:
             raise RuntimeLoadError(_load_failure(self.path, self._log.reason() or "llama.cpp could not load it"))
-        # tensor -> buffer type of every tensor a buffer-type override placed (experts_on_cpu),
-        # as llama.cpp's loader reports it
-        self.buffer_overrides = dict(self._log.overrides)
+        return model
+
+    def _read_vocab(self) -> None:
+        """The model's sizes and special tokens."""
+        lc = self._lib.lc
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_layer = lc.llama_model_n_layer(self.model)
@@ -103,11 +122,13 @@ class CloverRuntime:
         eos = lc.llama_vocab_eos(self.vocab)
         self.eos_token_id = eos if eos >= 0 else None
         self.eog = frozenset(t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t))
-        self.n_threads = int(n_threads or min(default_threads(), GGML_MAX_N_THREADS))
+
+    def _new_context(self, n_ctx: int, n_batch: int | None, n_ubatch: int | None, op_offload: bool):
+        """llama_init_from_model; on failure the model is freed and RuntimeLoadError says why."""
+        lc = self._lib.lc
         # clover.h: n_ubatch >= B (a multiple of B folds several prompt blocks per graph, and
         # n_seq_max * B lets one denoising graph hold every sequence), n_batch >= n_ubatch,
         # n_ctx >= n_ubatch.
-        self.n_seq_max = int(n_seq_max)
         ub = int(n_ubatch or runtime_n_ubatch(self.n_seq_max, self.default_block_size))
         nb = int(n_batch or ub)
         n_ctx = max(int(n_ctx or self.n_ctx_train), ub)
@@ -122,19 +143,13 @@ class CloverRuntime:
             op_offload=op_offload,
         )
         self._log.mark()
-        self.ctx = lc.llama_init_from_model(self.model, cp)
-        if not self.ctx:
+        ctx = lc.llama_init_from_model(self.model, cp)
+        if not ctx:
             lc.llama_model_free(self.model)
             self.model = None
             why = self._log.reason() or "no reason logged"
             raise RuntimeLoadError(_load_failure(self.path, f"cannot create a context ({why})", why))
-        # where the layers, weights, memory and compute buffers went (llama.cpp's load log: it
-        # has no API for it), e.g. {"layers": {"RPC0": [0, 1]}, "buffers": {"model": {...}}, ...}
-        self.placement = B.parse_placement(self._log.placement, self.n_layer)
-        self._logits = np.empty((0,), dtype=np.float32)
-        self._state_sizes: dict[int, int] = {}
-        self._nonfinite_diag: str | None = None
-        self.last_perf: dict | None = None
+        return ctx
 
     # ---------------------------------------------------------------- lifetime
     def close(self):
