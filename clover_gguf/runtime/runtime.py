@@ -651,6 +651,7 @@ class _BatchRun:
 
     def close(self) -> None:
         self.lib.clover_batch_free(self.batch)
+        self.c_cb = None  # it holds this object: no reference cycle once the batch is gone
         for q in self.seqs.values():
             if q["grammar"]:
                 self.lib.lc.llama_sampler_free(q["grammar"])
