@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from .reference.generate import GenerationConfig, GenerationResult, NonFiniteError, TorchBackend, generate
-from .util import DEFAULT_MODEL
+from ..reference.generate import GenerationConfig, GenerationResult, NonFiniteError, TorchBackend, generate
+from ..util import DEFAULT_MODEL
 
 
 @dataclass
@@ -111,10 +111,10 @@ def run(
     if rpc is not None and model.suffix != ".gguf":
         raise ValueError("--rpc needs a .gguf model (llama.cpp's RPC backend)")
     if model.suffix == ".gguf":
-        from .plan.placement import fit_overrides
-        from .plan.vram import runtime_n_ubatch
-        from .runtime.bindings import parse_override
-        from .runtime.runtime import CloverRuntime
+        from ..plan.placement import fit_overrides
+        from ..plan.vram import runtime_n_ubatch
+        from ..runtime.bindings import parse_override
+        from ..runtime.runtime import CloverRuntime
 
         cpu_tensors = [parse_override(s) for s in override_tensor]
         # --fit: the leading layers' experts that must stay in CPU memory for the rest to fit
@@ -149,14 +149,14 @@ def run(
         completion = rt.detokenize(res.tokens) if prompt_ids is None else None
         return RunOutput(completion, ids, res, "llama.cpp", rt.placement if rt.rpc_servers else None)
 
-    from .reference.model import CloverModel
+    from ..reference.model import CloverModel
 
     if threads:
         torch.set_num_threads(threads)
     m = CloverModel.from_pretrained(model, dtype=getattr(torch, dtype))
     tok = None
     if (model / "tokenizer.json").exists():
-        from .tokenizer import CloverTokenizer
+        from ..tokenizer import CloverTokenizer
 
         tok = CloverTokenizer.from_dir(model)
     c = m.config
@@ -187,7 +187,7 @@ def run(
 
 def _context_length(model_dir: Path) -> int:
     """config.json's max_position_embeddings (checked by CloverConfig), else what the converter writes."""
-    from .constants import DEFAULT_CONTEXT_LENGTH
+    from ..constants import DEFAULT_CONTEXT_LENGTH
 
     d = json.loads((model_dir / "config.json").read_text())
     return int(d.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
@@ -201,7 +201,7 @@ def print_output(out: RunOutput, as_json: bool) -> None:
         return
     print(out.completion if out.completion is not None else " ".join(map(str, d["token_ids"])))
     if out.placement:
-        from .runtime.runtime import placement_line
+        from ..runtime.runtime import placement_line
 
         print(f"\n[rpc] {placement_line(out.placement)}", file=sys.stderr)
     steps = [b["steps"] for b in d["blocks"]]
