@@ -8,10 +8,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from ..reference.generate import GenerationConfig, GenerationResult, NonFiniteError, TorchBackend, generate
+from ..plan.vram import runtime_n_ubatch
+from ..reference.generate import GenerationResult
 from ..util import DEFAULT_MODEL
+from .loader import load
 
 
 @dataclass
@@ -93,104 +93,34 @@ def run(
     op_offload: bool = True,
     mmap: bool = True,
 ) -> RunOutput:
-    """Generate a completion. `model` is a safetensors model folder or a .gguf file. `rpc`:
-    llama.cpp RPC servers 'HOST:PORT[,...]' that -ngl layers are offloaded to (.gguf only).
+    """Generate a completion. `model` is a safetensors model folder or a .gguf file (loader.load).
+    `rpc`: llama.cpp RPC servers 'HOST:PORT[,...]' that -ngl layers are offloaded to (.gguf only).
     op_offload/mmap: llama.cpp's --no-op-offload / --no-mmap (.gguf only; docs/plan.md)."""
     model = Path(model)
     if prompt is None and prompt_ids is None:
         raise ValueError("give a prompt or prompt ids")
-    sampling = dict(
-        max_new_tokens=max_new_tokens,
-        steps=steps,
-        threshold=threshold,
-        temperature=temp,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-    )
     if rpc is not None and model.suffix != ".gguf":
         raise ValueError("--rpc needs a .gguf model (llama.cpp's RPC backend)")
+    runtime = {}
     if model.suffix == ".gguf":
-        from ..plan.placement import fit_overrides
-        from ..plan.vram import runtime_n_ubatch
-        from ..runtime.bindings import parse_override
-        from ..runtime.runtime import CloverRuntime
-
-        cpu_tensors = [parse_override(s) for s in override_tensor]
-        # --fit: the leading layers' experts that must stay in CPU memory for the rest to fit
-        explicit = bool(override_tensor) or experts_on_cpu
-        log = log or (lambda m: print(m, file=sys.stderr))
-        ot = fit_overrides(model, n_gpu_layers, fit, explicit, log=log, rpc=bool(rpc), op_offload=op_offload)
-        cpu_tensors += [parse_override(s) for s in ot]
-        rt = CloverRuntime(
-            model,
-            n_threads=threads,
-            n_gpu_layers=n_gpu_layers,
-            experts_on_cpu=experts_on_cpu,
-            cpu_tensors=cpu_tensors,
-            rpc_servers=rpc,
-            op_offload=op_offload,
-            mmap=mmap,
-            # a --block-size past the default batch (256) needs a batch that holds it
-            n_ubatch=runtime_n_ubatch(1, block_size) if block_size else None,
-        )
-        check_request(prompt, None, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
-        text = rt.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat and prompt else prompt
-        # add_special: BOS/EOS as the GGUF's add_bos_token/add_eos_token say (llama-clover-cli's rule)
-        ids = list(prompt_ids) if prompt_ids is not None else rt.tokenize(text, add_special=True)
-        check_request(None, ids, rt.n_vocab, rt.n_ctx_train, max_new_tokens, block_size or rt.default_block_size)
-        cfg = GenerationConfig(
-            block_size=block_size or rt.default_block_size,
-            mask_token_id=rt.mask_token_id,
-            eos_token_id=rt.eos_token_id,
-            **sampling,
-        )
-        res = rt.generate(ids, cfg, on_block=on_block)
-        completion = rt.detokenize(res.tokens) if prompt_ids is None else None
-        return RunOutput(completion, ids, res, "llama.cpp", rt.placement if rt.rpc_servers else None)
-
-    from ..reference.model import CloverModel
-
-    if threads:
-        torch.set_num_threads(threads)
-    m = CloverModel.from_pretrained(model, dtype=getattr(torch, dtype))
-    tok = None
-    if (model / "tokenizer.json").exists():
-        from ..tokenizer import CloverTokenizer
-
-        tok = CloverTokenizer.from_dir(model)
-    c = m.config
-    n_ctx = _context_length(model)
-    check_request(prompt, None, c.vocab_size, n_ctx, max_new_tokens, block_size or c.block_size)
+        # a --block-size past the default batch (256) needs a batch that holds it
+        n_ubatch = runtime_n_ubatch(1, block_size) if block_size else None
+        runtime = dict(n_gpu_layers=n_gpu_layers, experts_on_cpu=experts_on_cpu, override_tensor=override_tensor)
+        runtime.update(fit=fit, rpc=rpc, log=log, op_offload=op_offload, mmap=mmap, n_ubatch=n_ubatch)
+    gen = load(model, threads=threads, dtype=dtype, **runtime)
+    B = block_size or gen.block_size
+    check_request(prompt, None, gen.n_vocab, gen.n_ctx, max_new_tokens, B)
     if prompt_ids is not None:
         ids = list(prompt_ids)
-    elif tok is None:
-        raise ValueError(f"{model}: no tokenizer.json; pass token ids instead of a text prompt")
     else:
-        text = tok.apply_chat_template(_messages(prompt, system), enable_thinking=think) if chat else prompt
-        ids = tok.encode(text)
-        if tok.config.get("add_bos_token") is True and tok.bos_id is not None:  # as the GGUF path
-            ids = [tok.bos_id, *ids]
-        if tok.config.get("add_eos_token") is True and tok.eos_id is not None:
-            ids = [*ids, tok.eos_id]
-    check_request(None, ids, c.vocab_size, n_ctx, max_new_tokens, block_size or c.block_size)
-    cfg = GenerationConfig(
-        block_size=block_size or c.block_size, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id, **sampling
-    )
-    try:
-        res = generate(TorchBackend(m), ids, cfg, on_block=on_block)
-    except NonFiniteError as e:  # never tokens from NaN/Inf logits; the message names the model
-        raise NonFiniteError(f"{model}: {e}") from None
-    completion = tok.decode(res.tokens) if tok is not None and prompt_ids is None else None
-    return RunOutput(completion, ids, res, f"pytorch-{dtype}")
-
-
-def _context_length(model_dir: Path) -> int:
-    """config.json's max_position_embeddings (checked by CloverConfig), else what the converter writes."""
-    from ..constants import DEFAULT_CONTEXT_LENGTH
-
-    d = json.loads((model_dir / "config.json").read_text())
-    return int(d.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
+        text = gen.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat else prompt
+        ids = gen.tokenize(text, add_special=True)  # BOS/EOS as the model's tokenizer says
+    check_request(None, ids, gen.n_vocab, gen.n_ctx, max_new_tokens, B)
+    sampling = dict(steps=steps, threshold=threshold, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
+    cfg = gen.config(max_new_tokens=max_new_tokens, block_size=B, **sampling)
+    res = gen.generate(ids, cfg, on_block=on_block)
+    completion = gen.detokenize(res.tokens) if prompt_ids is None else None
+    return RunOutput(completion, ids, res, gen.backend, gen.placement)
 
 
 def print_output(out: RunOutput, as_json: bool) -> None:
