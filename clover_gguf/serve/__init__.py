@@ -65,7 +65,7 @@ def serve(
     except ImportError as e:
         raise RuntimeError(f"{SERVER_EXTRA_HINT} ({e})") from None
     from ..constants import ARCH, Keys
-    from ..runtime.runtime import CloverRuntime, placement_line
+    from ..runtime.runtime import placement_line
     from .engine import Engine
 
     model = Path(model)
@@ -99,25 +99,22 @@ def serve(
     # the generation loop's tensors are one block of logits: extra torch threads only contend
     # with llama.cpp's
     torch.set_num_threads(1)
-    from ..plan.placement import fit_overrides
-    from ..runtime.bindings import parse_override
+    from ..generation.loader import load
 
     # one sequence per request of a group, and one to commit finished conversations (Engine);
     # --fit sizes the state for all of them
-    ot = fit_overrides(
-        model, n_gpu_layers, fit, experts_on_cpu, n_seq=parallel + 1, log=log, rpc=bool(rpc), op_offload=op_offload
-    )
-    rt = CloverRuntime(
+    rt = load(
         model,
-        n_threads=threads,
+        threads=threads,
         n_gpu_layers=n_gpu_layers,
         experts_on_cpu=experts_on_cpu,
+        fit=fit,
+        rpc=rpc,
+        log=log,
         n_seq_max=parallel + 1,
-        rpc_servers=rpc,
-        cpu_tensors=[parse_override(s) for s in ot],
         op_offload=op_offload,
         mmap=mmap,
-    )
+    ).rt  # the engine batches sequences on the runtime itself (generate_batch)
     ctx_meta = rt.meta(Keys.CONTEXT_LENGTH.format(arch=ARCH))
     n_ctx = int(ctx_size or (int(ctx_meta) if ctx_meta else 0) or 262144)
     if n_ctx < rt.default_block_size:
