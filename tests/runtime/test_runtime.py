@@ -530,20 +530,16 @@ def test_tiny_parity(tiny):
 
 
 @pytest.mark.parametrize("outtype", ["f32", "bf16"])
-def test_loader_backends_agree(tiny_f32, outtype, tmp_path):
+def test_loader_backends_agree(tiny_f32, converted, outtype):
     """generation/loader.py's one interface: clover-tiny's folder (PyTorch reference) and its F32
     and BF16 GGUFs (llama.cpp; the checkpoint is BF16, so all three hold the same weights) give
     the same facts, prompt ids (BOS/EOS rule included), chat prompt and config. F32: the same
     logits and greedy tokens and text. BF16: ggml's BF16 matmul rounds the activations to BF16
     too, so its logits are close (mean KL 3.3e-3 nats measured on this block), not equal, and
     greedy decoding parts from the reference's at the second token (as `clover-gguf run` does)."""
-    from clover_gguf.convert.converter import convert
     from clover_gguf.generation.loader import RuntimeGenerator, TorchGenerator, load
 
-    gguf = tiny_f32
-    if outtype == "bf16":
-        gguf = tmp_path / "clover-tiny-bf16.gguf"
-        convert(TINY, gguf, outtype="bf16", force=True, progress=False)
+    gguf = tiny_f32 if outtype == "f32" else converted(TINY, "bf16")
     ref, rt = load(TINY, threads=2), load(gguf, threads=2)
     try:
         assert isinstance(ref, TorchGenerator) and isinstance(rt, RuntimeGenerator)
