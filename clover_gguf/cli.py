@@ -10,23 +10,20 @@ import click
 
 from . import __version__
 from .constants import DEFAULT_THRESHOLD
-from .errors import CloverError, os_error_line
+from .errors import error_line, os_error_line
 from .options import InputPath, option_type
 
 
 class OneLineErrors(click.Group):
-    """Errors are one line: a bad option value prints "Error: ..." without the usage block, and
-    so does every CloverError a command lets through (exit 1)."""
+    """The one place an error becomes one line, for every command (each package's commands.py
+    lets errors through): a bad option value prints "Error: ..." without the usage block, and an
+    error the user can act on (errors.error_line: a CloverError, ValueError, OSError or
+    MemoryError) prints "Error: <line>" and exits 1. Anything else is a bug: a traceback."""
 
     def main(self, *args, **kwargs):
         standalone = kwargs.pop("standalone_mode", True)
         try:
             return super().main(*args, standalone_mode=False, **kwargs)
-        except MemoryError:
-            if not standalone:
-                raise
-            click.echo("Error: not enough memory (MemoryError): free memory or raise the limit (ulimit -v)", err=True)
-            sys.exit(1)
         except click.ClickException as e:
             if not standalone:
                 raise
@@ -37,10 +34,11 @@ class OneLineErrors(click.Group):
                 raise
             click.echo("Aborted!", err=True)
             sys.exit(1)
-        except CloverError as e:
-            if not standalone:
+        except Exception as e:
+            line = error_line(e)
+            if not standalone or line is None:
                 raise
-            click.echo(f"Error: {e}", err=True)
+            click.echo(f"Error: {line}", err=True)
             sys.exit(1)
 
 
@@ -244,14 +242,11 @@ def synth_cmd(out, preset_name, config_path, layers, shard_size_mb, fused, as_gg
 
     if (preset_name is None) == (config_path is None):
         raise click.UsageError("give exactly one of --preset or --config")
-    try:
-        cfg = preset(preset_name) if preset_name else CloverConfig.load(config_path)
-        if as_gguf:
-            path = write_synthetic_gguf(out, cfg, layers=layers, recipe=recipe, seed=seed)
-        else:
-            path = write_synthetic(out, cfg, layers=layers, shard_size_mb=shard_size_mb, fused=fused, seed=seed)
-    except (ValueError, OSError) as e:
-        raise click.ClickException(str(e)) from None
+    cfg = preset(preset_name) if preset_name else CloverConfig.load(config_path)
+    if as_gguf:
+        path = write_synthetic_gguf(out, cfg, layers=layers, recipe=recipe, seed=seed)
+    else:
+        path = write_synthetic(out, cfg, layers=layers, shard_size_mb=shard_size_mb, fused=fused, seed=seed)
     click.echo(f"wrote {path}")
 
 
@@ -389,12 +384,7 @@ def inspect_cmd(path, show_tensors, no_metadata):
     and bits per weight, for a .gguf file or a safetensors model folder."""
     from .gguf_io.inspection import format_inspection, inspect_path
 
-    try:
-        ins = inspect_path(path)
-    except ValueError as e:  # names the file
-        raise click.ClickException(str(e)) from None
-    except OSError as e:
-        raise click.ClickException(os_error_line(e, path)) from None
+    ins = inspect_path(path)
     click.echo(format_inspection(ins, show_tensors=show_tensors, show_metadata=not no_metadata))
 
 
@@ -426,19 +416,16 @@ def imatrix_cmd(model_dir, text_file, out, n_ctx, chunks, block_size, seed):
     each routed expert's activations separately (llama.cpp's GGUF imatrix format)."""
     from .convert.imatrix import compute_imatrix
 
-    try:
-        im = compute_imatrix(
-            model_dir,
-            text_file,
-            out,
-            n_ctx=n_ctx,
-            chunks=chunks,
-            block_size=block_size,
-            seed=seed,
-            log=lambda m: click.echo(m, err=True),
-        )
-    except (ValueError, OSError) as e:
-        raise click.ClickException(str(e)) from None
+    im = compute_imatrix(
+        model_dir,
+        text_file,
+        out,
+        n_ctx=n_ctx,
+        chunks=chunks,
+        block_size=block_size,
+        seed=seed,
+        log=lambda m: click.echo(m, err=True),
+    )
     click.echo(f"wrote {out}: {len(im.entries)} entries, {im.chunk_count} chunks of {im.chunk_size} tokens")
 
 
@@ -510,36 +497,31 @@ def plan_cmd(
     from .plan.gpus import table
     from .plan.sizes import open_source, parse_size
 
-    try:
-        if list_gpus:
-            click.echo(table())
-            return
-        if calibrate_files or validate_files:
-            click.echo(C.command(calibrate_files, validate_files, calibrations, threads, as_json))
-            return
-        if write_recipe:
-            check_replaceable(write_recipe, force=True)  # before the work
-        cpu, kern = C.load_calibrations(calibrations)
-        p = make_plan(
-            open_source(model, shape),
-            vram_total=parse_size(vram, "--vram") if vram else None,
-            ram=parse_size(ram, "--ram") if ram else None,
-            gpu=gpu,
-            bandwidth=bandwidth,
-            context=context,
-            curves=Curves.load(curves) if curves else None,
-            calibration=cpu,
-            kernels=kern,
-            free=parse_size(free_vram, "--free-vram") if free_vram else None,
-            parallel=parallel,
-        )
-        if write_recipe:
-            C.write_recipe(p, write_recipe)
-        click.echo(_json.dumps(p, indent=1) if as_json else format_plan(p))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from None
-    except OSError as e:
-        raise click.ClickException(os_error_line(e, model or shape)) from None
+    if list_gpus:
+        click.echo(table())
+        return
+    if calibrate_files or validate_files:
+        click.echo(C.command(calibrate_files, validate_files, calibrations, threads, as_json))
+        return
+    if write_recipe:
+        check_replaceable(write_recipe, force=True)  # before the work
+    cpu, kern = C.load_calibrations(calibrations)
+    p = make_plan(
+        open_source(model, shape),
+        vram_total=parse_size(vram, "--vram") if vram else None,
+        ram=parse_size(ram, "--ram") if ram else None,
+        gpu=gpu,
+        bandwidth=bandwidth,
+        context=context,
+        curves=Curves.load(curves) if curves else None,
+        calibration=cpu,
+        kernels=kern,
+        free=parse_size(free_vram, "--free-vram") if free_vram else None,
+        parallel=parallel,
+    )
+    if write_recipe:
+        C.write_recipe(p, write_recipe)
+    click.echo(_json.dumps(p, indent=1) if as_json else format_plan(p))
 
 
 # --- serve --------------------------------------------------------------------------------
@@ -639,29 +621,26 @@ def serve_cmd(
     """
     from .serve import serve
 
-    try:
-        serve(
-            model,
-            host=host,
-            port=port,
-            threads=threads,
-            n_gpu_layers=n_gpu_layers,
-            experts_on_cpu=experts_on_cpu,
-            fit=fit,
-            api_key=api_key,
-            parallel=parallel,
-            ctx_cache=ctx_cache,
-            ctx_size=ctx_size,
-            rpc=rpc,
-            op_offload=op_offload,
-            mmap=mmap,
-            n_predict=n_predict,
-            alias=alias,
-            queue_timeout=queue_timeout,
-            log=lambda m: click.echo(m, err=True),
-        )
-    except (ValueError, OSError, RuntimeError) as e:
-        raise click.ClickException(str(e)) from None
+    serve(
+        model,
+        host=host,
+        port=port,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        experts_on_cpu=experts_on_cpu,
+        fit=fit,
+        api_key=api_key,
+        parallel=parallel,
+        ctx_cache=ctx_cache,
+        ctx_size=ctx_size,
+        rpc=rpc,
+        op_offload=op_offload,
+        mmap=mmap,
+        n_predict=n_predict,
+        alias=alias,
+        queue_timeout=queue_timeout,
+        log=lambda m: click.echo(m, err=True),
+    )
 
 
 # --- runtime commands (runtime build) ---------------------------------------------------
@@ -713,7 +692,7 @@ def runtime_build_cmd(cuda, portable, cuda_arch, jobs, force, targets, no_instal
     """Fetch the sdist, apply patches/*.patch, build once with cmake+ninja, install."""
     from .runtime.build import build_runtime
 
-    build_runtime(  # a BuildError is one line (OneLineErrors)
+    build_runtime(
         cuda=cuda,
         cuda_archs=cuda_arch.replace(",", ";") if cuda_arch else None,
         jobs=jobs,

@@ -12,7 +12,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..errors import CloverError
+
 SERVER_EXTRA_HINT = "clover-gguf serve needs the server extra: pip install 'clover-gguf[server]'"
+
+
+class ServeError(CloverError, RuntimeError):
+    """The server cannot start: the server extra is missing, or a server started for a
+    benchmark or test (local.py) exited or never answered."""
 
 
 def check_listen(host: str, port: int) -> None:
@@ -63,7 +70,7 @@ def serve(
 
         from .app import DEFAULT_N_PREDICT, DEFAULT_QUEUE_TIMEOUT, ServerConfig, create_app
     except ImportError as e:
-        raise RuntimeError(f"{SERVER_EXTRA_HINT} ({e})") from None
+        raise ServeError(f"{SERVER_EXTRA_HINT} ({e})") from None
     from ..constants import ARCH, Keys
     from ..runtime.runtime import CloverRuntime, placement_line
     from .engine import Engine
