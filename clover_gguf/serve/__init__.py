@@ -4,7 +4,8 @@ SSE streaming one event per committed block, memory snapshots reused across turn
 Modules: app.py (routes, validation, SSE), fields.py (every request field: implemented or
 refused, numeric ranges), engine.py (the worker that owns the runtime), cache.py (the snapshot
 LRU), text.py (stop strings, the thinking split), tools.py (tool calls, constraints),
-logprobs.py, metrics.py (/metrics), local.py (a server in a subprocess, for tests).
+logprobs.py, metrics.py (/metrics), local.py (a server in a subprocess, for tests), commands.py
+(the click command).
 """
 
 from __future__ import annotations
