@@ -1,6 +1,7 @@
 """The one table of the command-line options' ranges: every numeric option of every command
-(cli.py, eval/commands.py) takes its click type from here, so a value out of range is refused
-in one line by click before any work, and the library functions check the same bounds.
+(cli.py and each package's commands.py) takes its click type from here, so a value out of
+range is refused in one line by click before any work, and the library functions check the
+same bounds.
 
 Each bound says why; the server's request fields have their own table (serve/fields.py) with
 the same top_k and seed bounds.

@@ -65,6 +65,42 @@ TOOL_CALL, END_TOOL_CALL, TOOL_RESPONSE, END_TOOL_RESPONSE = (
     "</tool_response>",
 )
 TOOL_TOKENS = [TOOL_CALL, END_TOOL_CALL, TOOL_RESPONSE, END_TOOL_RESPONSE]
+
+
+def tool_call_sections(text: str) -> list[tuple[int, int, int | None]]:
+    """(start, body start, end tag's index or None when left open) of each `<tool_call>`
+    section of a reply. A section ends at the first `</tool_call>` outside a JSON string: the
+    tag is one token the model may also write inside an argument, and that must not split the
+    call."""
+    out, i = [], text.find(TOOL_CALL)
+    while i >= 0:
+        body = i + len(TOOL_CALL)
+        j = _end_tag(text, body)
+        out.append((i, body, j))
+        if j is None:
+            break
+        i = text.find(TOOL_CALL, j + len(END_TOOL_CALL))
+    return out
+
+
+def _end_tag(text: str, i: int) -> int | None:
+    in_str = escaped = False
+    for j in range(i, len(text)):
+        c = text[j]
+        if in_str:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c == "<" and text.startswith(END_TOOL_CALL, j):
+            return j
+    return None
+
+
 BPE_VOCAB_SIZE = 4096  # the trained byte-level BPE, its 6 special tokens included
 DEFAULT_VOCAB_SIZE = BPE_VOCAB_SIZE + len(TOOL_TOKENS)
 

@@ -303,7 +303,7 @@ def split(out: Path, mode: str, layers: int, threads: int) -> dict:
     plan = make_plan(open_source(str(gguf)), vram_total=16 * 2**30, free=free, gpu=gpu, kernels=kern)
     rows = {r["name"]: r for r in plan["options"]}
     res: dict = {"free_bytes": plan["device"]["free_bytes"], "gpu_terms": plan["speed_label"], "runs": {}}
-    from clover_gguf.run import run
+    from clover_gguf.generation.run import run
 
     variants = {
         "op offload, pageable": {},

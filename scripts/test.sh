@@ -11,7 +11,7 @@ python -m pytest -q "$@"
 # (metadata, tensor data and truncation mutants of random-clover and clover-tiny; about half a
 # minute; fails on a crash, hang, unclean error, non-finite output or an output that differs
 # without a reason; failing inputs land in out/fuzz-ci for tests/data/fuzz)
-python scripts/fuzz_gguf.py --iterations 130 --keep out/fuzz-ci
+python tests/fuzz/fuzz_gguf.py --iterations 130 --keep out/fuzz-ci
 # a bounded campaign of mutated requests against `clover-gguf serve` (about half a minute; fails
 # on a 5xx, hang, broken connection, death or traceback; failing requests land in out/fuzz-server-ci)
-python scripts/fuzz_server.py --requests 1500 --keep out/fuzz-server-ci
+python tests/fuzz/fuzz_server.py --requests 1500 --keep out/fuzz-server-ci

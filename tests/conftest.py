@@ -1,4 +1,6 @@
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from testdata import VECTORS
@@ -18,6 +20,33 @@ def vec_dir():
 @pytest.fixture(scope="session")
 def vec_fused_dir():
     return VECTORS / "random-clover-fused"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """converted(model, recipe=None) -> the GGUF of that model folder with that recipe (None: the
+    converter's default), made once per session and shared by every test that asks for the same
+    pair: a test that needs a GGUF, not one that tests the converter. Read it, never write it
+    (copy it first); the session fails at its end if one changed."""
+    from clover_gguf.convert.converter import convert
+
+    made: dict[tuple[Path, str | None], tuple[Path, str]] = {}
+
+    def get(model: Path, recipe: str | None = None) -> Path:
+        key = (Path(model).resolve(), recipe)
+        if key not in made:
+            out = tmp_path_factory.mktemp("converted") / f"{key[0].name}-{recipe or 'default'}.gguf"
+            convert(key[0], out, recipe=recipe, progress=False)
+            made[key] = (out, _sha256(out))
+        return made[key][0]
+
+    yield get
+    changed = [str(p) for p, digest in made.values() if _sha256(p) != digest]
+    assert not changed, f"a test wrote a shared conversion (copy it first): {', '.join(changed)}"
 
 
 def pytest_configure(config):

@@ -36,12 +36,8 @@ def _one_line(r, needle):
 
 
 @pytest.fixture(scope="module")
-def vec_gguf(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
-
-    p = tmp_path_factory.mktemp("g") / "vec.gguf"
-    convert(VEC, p, progress=False)
-    return p
+def vec_gguf(converted):
+    return converted(VEC)
 
 
 OPTION_CASES = [

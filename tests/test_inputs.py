@@ -165,12 +165,8 @@ def test_llama_clover_cli_refuses_a_fifo(tmp_path, fifo):
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
-
-    p = tmp_path_factory.mktemp("g") / "tiny.gguf"
-    convert(TINY, p, progress=False)
-    return p
+def tiny_gguf(converted):
+    return converted(TINY)
 
 
 @pytest.mark.parametrize(

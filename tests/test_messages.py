@@ -49,13 +49,47 @@ def test_memory_error_is_one_line(monkeypatch):
     assert res.exit_code == 1 and res.stderr.startswith("Error: not enough memory") and res.stderr.count("\n") == 1
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
+@pytest.mark.parametrize(
+    "error,line",
+    [
+        (
+            OSError(errno.ENOMEM, os.strerror(errno.ENOMEM)),
+            f"Error: {os.strerror(errno.ENOMEM)} (a system resource ran out",
+        ),
+        (
+            PermissionError(errno.EACCES, os.strerror(errno.EACCES), "x.gguf"),
+            f"Error: x.gguf: {os.strerror(errno.EACCES)}",
+        ),
+        (ValueError("--thing 3: must be 2"), "Error: --thing 3: must be 2"),
+    ],
+)
+def test_one_error_path_for_every_command(monkeypatch, error, line):
+    """cli.py's root group turns what a command lets through into one line (errors.error_line);
+    no command catches these itself."""
+    import clover_gguf.gguf_io.inspection as ins
 
-    p = tmp_path_factory.mktemp("g") / "tiny.gguf"
-    convert(TINY, p, progress=False)
-    return p
+    def fails(path):
+        raise error
+
+    monkeypatch.setattr(ins, "inspect_path", fails)
+    res = CliRunner().invoke(cli, ["inspect", str(TINY)])
+    assert res.exit_code == 1 and res.stderr.startswith(line) and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    import clover_gguf.gguf_io.inspection as ins
+
+    def bug(path):
+        raise KeyError("a bug, not a refusal")
+
+    monkeypatch.setattr(ins, "inspect_path", bug)
+    res = CliRunner().invoke(cli, ["inspect", str(TINY)])
+    assert isinstance(res.exception, KeyError) and not res.stderr.startswith("Error:")
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(converted):
+    return converted(TINY)
 
 
 def test_run_under_an_address_space_limit(tiny_gguf):

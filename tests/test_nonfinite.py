@@ -159,15 +159,12 @@ def test_runtime_python_loop_and_batch(models):
     rt.close()
 
 
-def test_healthy_model_debug_pass_finds_nothing(tmp_path):
+def test_healthy_model_debug_pass_finds_nothing(converted):
     """The debug pass checks real outputs: on a healthy model every one is finite."""
-    from clover_gguf.convert.converter import convert
     from clover_gguf.runtime.nonfinite import first_nonfinite
     from clover_gguf.runtime.runtime import CloverRuntime
 
-    g = tmp_path / "ok.gguf"
-    convert(VEC, g, progress=False)
-    rt = CloverRuntime(g, n_threads=1)
+    rt = CloverRuntime(converted(VEC), n_threads=1)
     found, checked = first_nonfinite(rt, [([1, 2, 3, 4, 5], 8)], [rt.mask_token_id] * 8)
     assert found is None and checked > 50
     rt.close()

@@ -56,12 +56,8 @@ def _one_line(res, needle):
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
-
-    p = tmp_path_factory.mktemp("g") / "vec.gguf"
-    convert(VEC, p, progress=False)
-    return p
+def tiny_gguf(converted):
+    return converted(VEC)
 
 
 @pytest.mark.parametrize(
@@ -147,16 +143,13 @@ def test_serve_function_checks_the_table(tiny_gguf):
         serve(tiny_gguf, port=65536)
 
 
-def test_block_size_1024_runs_on_a_gguf(tmp_path):
+def test_block_size_1024_runs_on_a_gguf(tmp_path, converted):
     """Issue 26 defect 10: `--block-size 1024` was taken by the CLI and refused later by run and
     eval ("block_size 1024 > n_ubatch 256"; eval after scoring the reference): the runtime's
     batch now holds the block asked for."""
     import json
 
-    from clover_gguf.convert.converter import convert
-
-    g = tmp_path / "tiny.gguf"
-    convert(TINY, g, progress=False)
+    g = converted(TINY)
     res = _run("run", g, "-p", "import os", "--block-size", "1024", "-n", "8", "-t", "1", "--json")
     assert res.exit_code == 0, res.stderr
     assert len(json.loads(res.stdout)["token_ids"]) == 8
@@ -194,7 +187,7 @@ def test_serve_port_in_use_is_one_line_before_the_model_loads(tiny_gguf):
     assert res.exit_code == 1 and res.stderr.startswith("Error: --host no-such-host.invalid: "), res.stderr
 
 
-def test_run_adds_bos_as_the_gguf_says_like_llama_clover_cli(tmp_path):
+def test_run_adds_bos_as_the_gguf_says_like_llama_clover_cli(tmp_path, converted):
     """Issue 26 judgement call: a GGUF with add_bos_token = 2 (a bool byte llama.cpp reads as
     true) made llama-clover-cli prepend BOS and `run` not. `run` now tokenizes as the CLI does
     (llama_tokenize with add_special), so both give the same tokens."""
@@ -202,13 +195,11 @@ def test_run_adds_bos_as_the_gguf_says_like_llama_clover_cli(tmp_path):
     import subprocess
     from pathlib import Path
 
-    from clover_gguf.convert.converter import convert
     from clover_gguf.gguf_io import codec
     from clover_gguf.runtime.build import runtime_paths
 
     g = tmp_path / "tiny.gguf"
-    convert(TINY, g, progress=False)
-    gg = codec.parse(g.read_bytes())
+    gg = codec.parse(converted(TINY).read_bytes())
     kv = next(kv for kv in gg.kvs if kv.key == b"tokenizer.ggml.add_bos_token")
     kv.value = 2
     g.write_bytes(codec.serialize(gg)[0])

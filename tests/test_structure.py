@@ -103,7 +103,7 @@ def test_the_walk_sees_the_package(parsed):
     mods, imps = parsed
     g = graph(mods, imps)
     assert len(mods) > 80
-    assert "clover_gguf.convert.converter" in g["clover_gguf.cli"]  # a deferred import inside a command
+    assert "clover_gguf.convert.converter" in g["clover_gguf.plan.commands"]  # a deferred import inside a command
     assert "clover_gguf.convert.pipeline" in g["clover_gguf.convert.converter"]  # a relative one
     assert "clover_gguf.convert" not in g["clover_gguf.convert.converter"]  # its own package: no edge
 
@@ -202,3 +202,60 @@ def test_every_error_is_a_clover_error():
     assert not not_clover_errors(classes), f"not CloverErrors: {not_clover_errors(classes)}"
     assert issubclass(ConfigError, CloverError) and issubclass(ConfigError, ValueError)
     assert issubclass(TensorError, CloverError) and issubclass(TensorError, RuntimeError)
+
+
+# No function over about 80 lines (def line to last line, decorators excluded; a nested
+# function counts in its parent too). The exceptions are tables, named here with why:
+MAX_FUNCTION_LINES = 80
+LONG_TABLES = {
+    # the server's route table: each route a short nested function registered on the app
+    "clover_gguf/serve/app.py::create_app",
+}
+
+
+def functions(node: ast.AST, prefix: str = ""):
+    """(qualified name, lines) of every function under node, nested ones and methods too."""
+    for n in ast.iter_child_nodes(node):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{prefix}{n.name}", n.end_lineno - n.lineno + 1
+            yield from functions(n, f"{prefix}{n.name}.")
+        elif isinstance(n, ast.ClassDef):
+            yield from functions(n, f"{prefix}{n.name}.")
+
+
+def long_functions(root: Path = PKG, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """'path::Class.function' -> its lines, for every function under root longer than limit."""
+    out = {}
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root.parent).as_posix()
+        for name, n in functions(ast.parse(p.read_text(), str(p))):
+            if n > limit:
+                out[f"{rel}::{name}"] = n
+    return out
+
+
+def test_the_length_walk_finds_long_functions(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(5))
+    (pkg / "a.py").write_text(
+        f"def short():\n    pass\n\n@decorator\ndef long():\n{body}\n"
+        f"class C:\n    def method(self):\n{body.replace('    ', '        ')}\n"
+        f"    async def outer(self):\n        def inner():\n{body.replace('    ', '            ')}"
+    )
+    assert long_functions(pkg, limit=5) == {
+        "pkg/a.py::long": 6,
+        "pkg/a.py::C.method": 6,
+        "pkg/a.py::C.outer": 7,
+        "pkg/a.py::C.outer.inner": 6,
+    }
+
+
+def test_no_long_functions():
+    found = long_functions()
+    long = {k: n for k, n in found.items() if k not in LONG_TABLES}
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them): " + ", ".join(
+        f"{k} ({n})" for k, n in sorted(long.items(), key=lambda x: -x[1])
+    )
+    stale = sorted(LONG_TABLES - set(found))
+    assert not stale, f"LONG_TABLES names functions that are gone or short now (remove them): {stale}"

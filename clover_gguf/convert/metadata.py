@@ -26,6 +26,13 @@ from . import ConvertError
 from .tensor_plan import Plan
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5  # gguf.TokenType
+S, U32, F32, B, A = (  # the value types of the metadata tables
+    GGUFValueType.STRING,
+    GGUFValueType.UINT32,
+    GGUFValueType.FLOAT32,
+    GGUFValueType.BOOL,
+    GGUFValueType.ARRAY,
+)
 
 
 def K(key: str) -> str:
@@ -142,25 +149,28 @@ def _raw_config(model_dir: Path) -> dict:
 def metadata(
     plan: Plan, vocab, placeholder: bool, imatrix=None, name: str | None = None, weights_sha256: str | None = None
 ) -> list[tuple]:
-    """[(key, value, GGUFValueType, subtype)] in writing order. ``weights_sha256``: the source
+    """[(key, value, GGUFValueType, subtype)] in writing order: general.*, the architecture's
+    keys, tokenizer.*, quantize.imatrix.* (docs/gguf-format.md). ``weights_sha256``: the source
     weights' fingerprint (or its stand-in, patched when the data is written)."""
-    c = plan.config
-    raw = _raw_config(plan.model_dir)
-    S, U32, F32, B, A = (
-        GGUFValueType.STRING,
-        GGUFValueType.UINT32,
-        GGUFValueType.FLOAT32,
-        GGUFValueType.BOOL,
-        GGUFValueType.ARRAY,
-    )
     kv: list[tuple] = []
 
     def add(k, v, t, sub=None):
         kv.append((k, v, t, sub))
 
-    # general.*
-    add(Keys.GENERAL_TYPE, GENERAL_TYPE_MODEL, S)
-    add(Keys.GENERAL_NAME, name or plan.model_dir.resolve().name, S)
+    _general_keys(add, plan, name, weights_sha256)
+    _architecture_keys(add, plan.config, _raw_config(plan.model_dir))
+    _tokenizer_keys(add, vocab, plan.config, placeholder)
+    if imatrix is not None:
+        add(Keys.QUANTIZE_IMATRIX_FILE, str(imatrix.path), S)
+        if imatrix.datasets:
+            add(Keys.QUANTIZE_IMATRIX_DATASET, imatrix.datasets[0], S)
+        add(Keys.QUANTIZE_IMATRIX_N_ENTRIES, len(imatrix.entries), GGUFValueType.INT32)
+        add(Keys.QUANTIZE_IMATRIX_N_CHUNKS, int(imatrix.chunk_count), GGUFValueType.INT32)
+    return kv
+
+
+def size_label(plan: Plan) -> str:
+    """general.size_label (e.g. "8x1.2M"): gguf-py's label from the plan's parameter counts."""
     total, shared, expert, n_exp = 0, 0, 0, 0
     for e in plan.entries:
         total += e.n_elements
@@ -169,7 +179,14 @@ def metadata(
             n_exp = e.shape[0]
         else:
             shared += e.n_elements
-    add(Keys.GENERAL_SIZE_LABEL, gguf_size_label(total, shared, expert, n_exp), S)
+    return gguf_size_label(total, shared, expert, n_exp)
+
+
+def _general_keys(add, plan: Plan, name: str | None, weights_sha256: str | None) -> None:
+    c = plan.config
+    add(Keys.GENERAL_TYPE, GENERAL_TYPE_MODEL, S)
+    add(Keys.GENERAL_NAME, name or plan.model_dir.resolve().name, S)
+    add(Keys.GENERAL_SIZE_LABEL, size_label(plan), S)
     lic = _readme_license(plan.model_dir)
     if lic:
         add(Keys.GENERAL_LICENSE, lic, S)
@@ -181,7 +198,9 @@ def metadata(
     add(Keys.SOURCE_LAYOUT, plan.layout, S)
     if weights_sha256 is not None:
         add(Keys.SOURCE_WEIGHTS_SHA256, weights_sha256, S)
-    # architecture
+
+
+def _architecture_keys(add, c: CloverConfig, raw: dict) -> None:
     add(K(Keys.VOCAB_SIZE), c.vocab_size, U32)
     add(K(Keys.CONTEXT_LENGTH), int(raw.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH)), U32)
     add(K(Keys.EMBEDDING_LENGTH), c.hidden_size, U32)
@@ -203,7 +222,9 @@ def metadata(
     add(K(Keys.DIFFUSION_BLOCK_SIZE), c.block_size, U32)
     add(K(Keys.CONV_KERNEL), c.conv_kernel_size, U32)
     add(K(Keys.MEMORY_L2NORM_EPS), float(L2NORM_EPS), F32)
-    # tokenizer
+
+
+def _tokenizer_keys(add, vocab, c: CloverConfig, placeholder: bool) -> None:
     add(Keys.TOKENIZER_MODEL, vocab.model or TOKENIZER_MODEL_NAME, S)
     add(Keys.TOKENIZER_PRE, vocab.pre or TOKENIZER_PRE_NAME, S)
     add(Keys.TOKENIZER_TOKENS, list(vocab.tokens), A, S)
@@ -219,10 +240,3 @@ def metadata(
     if vocab.chat_template:
         add(Keys.CHAT_TEMPLATE, vocab.chat_template, S)
     add(Keys.TOKENIZER_PLACEHOLDER, bool(placeholder), B)
-    if imatrix is not None:
-        add(Keys.QUANTIZE_IMATRIX_FILE, str(imatrix.path), S)
-        if imatrix.datasets:
-            add(Keys.QUANTIZE_IMATRIX_DATASET, imatrix.datasets[0], S)
-        add(Keys.QUANTIZE_IMATRIX_N_ENTRIES, len(imatrix.entries), GGUFValueType.INT32)
-        add(Keys.QUANTIZE_IMATRIX_N_CHUNKS, int(imatrix.chunk_count), GGUFValueType.INT32)
-    return kv

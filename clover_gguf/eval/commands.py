@@ -3,14 +3,12 @@ call one library function). Registered in clover_gguf/cli.py."""
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 
 import click
 
 from ..constants import DEFAULT_THRESHOLD
-from ..errors import CloverError, os_error_line
 from ..options import RANGES, InputPath, int_list, option_type
 
 POS = option_type("count")
@@ -43,21 +41,6 @@ def _top_k(s):
     if not RANGES["vocab"].ok(k):
         raise click.BadParameter(f"--top-k {s}: must be {RANGES['vocab'].describe()} (or auto)")
     return k
-
-
-def one_line_errors(f):
-    """What the library refuses (a bad corpus, GGUF, reference, option value) is one line."""
-
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            return f(*args, **kwargs)
-        except (CloverError, ValueError) as e:
-            raise click.ClickException(str(e)) from None
-        except OSError as e:
-            raise click.ClickException(os_error_line(e)) from None
-
-    return wrapper
 
 
 def _sampling(corpus, n_windows, n_blocks, block_size, ratios, seed, top_k):
@@ -143,7 +126,6 @@ def eval_group():
 @click.option("--runtime-threads", type=THREADS, default=None, help="llama.cpp threads (default --threads).")
 @click.option("--name", "names", multiple=True, help="Display name per GGUF, in order.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/quality", show_default=True)
-@one_line_errors
 def quality_cmd(
     reference,
     ggufs,
@@ -232,7 +214,6 @@ def quality_cmd(
 )
 @click.option("--name", "names", multiple=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/speed", show_default=True)
-@one_line_errors
 def speed_cmd(
     ggufs,
     reference,
@@ -349,7 +330,6 @@ def passes_cmd(layers, threads, heads, rounds, n_gpu_layers, work, out_dir):
 @_sample_options
 @click.option("--keep", is_flag=True, help="Keep the per-group GGUFs.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/sensitivity", show_default=True)
-@one_line_errors
 def sensitivity_cmd(
     reference,
     qtypes,
@@ -462,7 +442,6 @@ def sensitivity_cmd(
     default=None,
     help="Importance matrix for the --add files' conversion.",
 )
-@one_line_errors
 def baseline_cmd(
     reference,
     out_dir,
@@ -575,7 +554,6 @@ def baseline_cmd(
 @click.option("--threads", type=THREADS, default=None)
 @click.option("--name", "names", multiple=True, help="Display name per GGUF, in order.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/tools", show_default=True)
-@one_line_errors
 def tools_cmd(reference, ggufs, heldout, limit, modes, max_new_tokens, block_size, steps, threshold, temperature,
               repeats, seed, stability_turns, threads, names, out_dir):  # fmt: skip
     """Tool calls on held-out chat transcripts: call rate, right names, JSON and schema validity,
@@ -660,7 +638,7 @@ def agent_cmd(
             api_key=api_key,
             log=lambda m: click.echo(m, err=True),
         )
-    except (ValueError, OSError, RuntimeError) as e:
+    except RuntimeError as e:  # a server's failure, as agent.py/throughput.py word it (not a CloverError yet)
         raise click.ClickException(str(e)) from None
     except OpenAIError as e:
         raise click.ClickException(f"{type(e).__name__} from {url or 'the server'}: {e}") from None
@@ -713,7 +691,7 @@ def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, step
             server_args=tuple(srv),
             log=lambda m: click.echo(m, err=True),
         )
-    except (ValueError, OSError, RuntimeError) as e:
+    except RuntimeError as e:  # a server's failure, as agent.py/throughput.py word it (not a CloverError yet)
         raise click.ClickException(str(e)) from None
     except OpenAIError as e:
         raise click.ClickException(f"{type(e).__name__} from the server: {e}") from None
@@ -730,7 +708,6 @@ def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, step
     default=None,
     help="Output folder (default: the JSON's folder).",
 )
-@one_line_errors
 def report_command(run_json, out_dir):
     """Render a saved eval JSON (quality, speed, sensitivity, bundle, tools, passes, agent or
     throughput) to Markdown + PNG."""

@@ -1,7 +1,7 @@
 """A minimal GGUF byte codec: parse a file into its header, key/values, tensor infos and data,
 and write one back, byte for byte. Unlike gguf-py it also writes what a reader must refuse
 (array counts, dimension counts and header counts that lie, any type number, any offset): the
-GGUF fuzzer (scripts/fuzz_gguf.py) and the tests of damaged files build their inputs with it.
+GGUF fuzzer (tests/fuzz/fuzz_gguf.py) and the tests of damaged files build their inputs with it.
 ``tensor_data``/``set_tensor_data`` read and replace one tensor's bytes (the fuzzer's
 tensor-data mutations)."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,38 +176,12 @@ def measure(
         fp = fingerprint_checkpoint(ck, L)
     files, corpus, _ = default_corpus_files()
     docs = tokenize(CloverTokenizer.from_dir(model_dir), read_texts(files))
-    seen: list[tuple[int, torch.Tensor]] = []
-
-    def hook(layer):
-        def f(mod, args, _out):
-            v = args[0]
-            ids = mod.route(v.reshape(-1, v.shape[-1]))[0]
-            seen.append((layer, ids.view(*v.shape[:-1], k)))
-
-        return f
-
-    handles = [lay.mlp.register_forward_hook(hook(i)) for i, lay in enumerate(model.layers)]
-    gen = torch.Generator().manual_seed(seed)
     blocks = {}
-    try:
+    with _routes_seen(model) as seen:
+        gen = torch.Generator().manual_seed(seed)
         for B in block_sizes:
             clean = torch.from_numpy(_windows(docs, B, n_windows, n_blocks, seed))
-            noisy = [lv for lv in levels if lv > 0]
-            tok = torch.cat([clean] + [_masked(clean, lv, c.mask_token_id, gen) for lv in noisy])
-            N = tok.shape[0]
-            pos = torch.arange(n_blocks * B).view(1, n_blocks, B).expand(N, -1, -1)
-            seen.clear()
-            with torch.no_grad():
-                model._run(tok, pos, None, init=model.init_state(n_windows), n_clean=n_windows)
-            per = {lv: [None] * L for lv in levels}
-            for layer, ids in seen:
-                hit = torch.zeros(*ids.shape[:2], E).scatter_(-1, ids.reshape(*ids.shape[:2], -1), 1.0)
-                frac = hit.sum(-1) / E  # [rows, n_blocks]
-                first = N - ids.shape[0]  # the last layer runs the masked rows only
-                for i, lv in enumerate(levels):
-                    lo, hi = i * n_windows - first, (i + 1) * n_windows - first
-                    if hi > 0 and lo >= 0:
-                        per[lv][layer] = round(float(frac[lo:hi].mean()), 5)
+            per = _touched(model, clean, levels, gen, seen)
             blocks[str(B)] = {
                 str(lv): {"per_layer": per[lv], "mean": round(float(np.mean([x for x in per[lv] if x is not None])), 5)}
                 for lv in levels
@@ -214,9 +189,6 @@ def measure(
             blocks[str(B)]["uniform"] = round(uniform(k, E, B), 5)
             log(f"block {B}: " + ", ".join(f"masked {lv}: {blocks[str(B)][str(lv)]['mean']:.3f}" for lv in levels)
                 + f" (uniform {uniform(k, E, B):.3f})")  # fmt: skip
-    finally:
-        for h in handles:
-            h.remove()
     return {
         "schema": SCHEMA,
         "model": str(model_dir),
@@ -237,6 +209,57 @@ def measure(
         "0.5 / 1.0: a denoising step with that fraction of the rows masked",
         "blocks": blocks,
     }
+
+
+@contextmanager
+def _routes_seen(model):
+    """While open, the list it gives receives (layer, expert ids [rows, n_blocks, B, k]) of
+    every MoE layer's forward."""
+    k = model.config.num_experts_per_tok
+    seen: list = []
+
+    def hook(layer):
+        def f(mod, args, _out):
+            v = args[0]
+            ids = mod.route(v.reshape(-1, v.shape[-1]))[0]
+            seen.append((layer, ids.view(*v.shape[:-1], k)))
+
+        return f
+
+    handles = [lay.mlp.register_forward_hook(hook(i)) for i, lay in enumerate(model.layers)]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _touched(model, clean, levels, gen, seen: list) -> dict[float, list[float | None]]:
+    """Per mask level, per layer: the mean fraction of experts one block of the [W, nb, B]
+    windows `clean` touches (the clean rows committed, a masked copy per level > 0 reading
+    their memory; None where a layer does not run those rows). `seen`: _routes_seen's list."""
+    import torch
+
+    c = model.config
+    E, L = c.num_experts, c.num_hidden_layers
+    n_windows, n_blocks, B = clean.shape
+    noisy = [lv for lv in levels if lv > 0]
+    tok = torch.cat([clean] + [_masked(clean, lv, c.mask_token_id, gen) for lv in noisy])
+    N = tok.shape[0]
+    pos = torch.arange(n_blocks * B).view(1, n_blocks, B).expand(N, -1, -1)
+    seen.clear()
+    with torch.no_grad():
+        model._run(tok, pos, None, init=model.init_state(n_windows), n_clean=n_windows)
+    per = {lv: [None] * L for lv in levels}
+    for layer, ids in seen:
+        hit = torch.zeros(*ids.shape[:2], E).scatter_(-1, ids.reshape(*ids.shape[:2], -1), 1.0)
+        frac = hit.sum(-1) / E  # [rows, n_blocks]
+        first = N - ids.shape[0]  # the last layer runs the masked rows only
+        for i, lv in enumerate(levels):
+            lo, hi = i * n_windows - first, (i + 1) * n_windows - first
+            if hi > 0 and lo >= 0:
+                per[lv][layer] = round(float(frac[lo:hi].mean()), 5)
+    return per
 
 
 def write(data: dict, out: Path) -> None:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -471,6 +472,33 @@ class BuildResult:
     patches: list[str] = field(default_factory=list)
 
 
+@dataclass
+class RuntimeDirs:
+    """The folders of one runtime root (see the module docstring)."""
+
+    root: Path
+    src: Path
+    build: Path
+    lib_dir: Path
+    bin_dir: Path
+
+    @classmethod
+    def under(cls, root: Path, cuda: bool) -> RuntimeDirs:
+        return cls(root, root / "src", root / ("build-cuda" if cuda else "build-cpu"), root / "lib", root / "bin")
+
+    @property
+    def stamp_path(self) -> Path:
+        return self.build / "stamp.json"
+
+
+@contextmanager
+def _timed(times: dict[str, float], step: str):
+    """Record the wall time of a step in `times` (not when it raises)."""
+    t = time.perf_counter()
+    yield
+    times[step] = time.perf_counter() - t
+
+
 def build_runtime(
     cuda: bool = False,
     cuda_archs: str | None = None,
@@ -498,143 +526,149 @@ def build_runtime(
         install=install,
         extra_cmake_args=tuple(extra_cmake_args),
     )
-    root = Path(root) if root else runtime_root()
-    root.mkdir(parents=True, exist_ok=True)
+    dirs = RuntimeDirs.under(Path(root) if root else runtime_root(), cuda)
+    dirs.root.mkdir(parents=True, exist_ok=True)
     pdir = Path(patch_dir) if patch_dir else PATCH_DIR
     patches = patch_series(pdir)
-    src = root / "src"
-    build = root / ("build-cuda" if cuda else "build-cpu")
-    lib_dir, bin_dir = root / "lib", root / "bin"
-    stamp_path = build / "stamp.json"
     times: dict[str, float] = {}
     t_all = time.perf_counter()
 
-    t = time.perf_counter()
-    sdist = fetch_sdist()
-    times["fetch"] = time.perf_counter() - t
-    stamp = {
-        "version": STAMP_VERSION,
-        "sdist_sha256": SDIST_SHA256,
-        "patches": [p.name for p in patches],
-        "series_sha256": series_hash(patches),
-        "options": opts.key(),
-        "cmake_args": [a for a in cmake_args(src, build, opts) if "LAUNCHER" not in a],
-    }
+    with _timed(times, "fetch"):
+        sdist = fetch_sdist()
+    stamp = build_stamp(dirs, opts, patches)
     _log(f"sdist {sdist} (sha256 ok); {len(patches)} patch(es) in {pdir}")
 
-    old = None
-    if stamp_path.exists():
-        try:
-            old = json.loads(stamp_path.read_text())
-        except ValueError:
-            old = None
     partial = opts.targets is not None and "llama" not in opts.targets  # e.g. --targets ggml-cuda
-    up_to_date = (
-        not force
-        and old is not None
-        and {k: old.get(k) for k in stamp} == stamp
-        and (partial or _same_file(lib_dir / "libllama.so", build / "bin" / "libllama.so"))
-    )
+    up_to_date = not opts.force and stamp_matches(dirs, stamp, partial)
     if up_to_date:
-        _log(f"up to date (stamp {stamp_path}); --force rebuilds")
+        _log(f"up to date (stamp {dirs.stamp_path}); --force rebuilds")
     else:
-        # 1. a fresh unpack with the series applied, synced into src/ (only changed files touched)
-        t = time.perf_counter()
-        fresh = unpack_sdist(sdist, root / "src.fresh")
-        apply_patches(fresh, patches)
-        if src.exists():
-            n = sync_tree(fresh, src)
-            shutil.rmtree(fresh)
-            _log(f"src/ synced ({n} file(s) changed)")
-        else:
-            fresh.rename(src)
-        times["unpack+patch"] = time.perf_counter() - t
-
-        # 2. configure (always: cheap, and picks up new files such as src/models/clover.cpp)
-        env = _build_env(root)
-        t = time.perf_counter()
-        if stamp_path.exists():
-            stamp_path.unlink()
-        _run(cmake_args(src, build, opts), env=env, what="cmake configure", capture=True)
-        times["configure"] = time.perf_counter() - t
-
-        # 3. build the targets that exist (llama-clover-cli only with the patches)
-        have = _ninja_targets(build)
-        tg = [x for x in opts.resolved_targets() if x in have]
-        missing = [x for x in opts.resolved_targets() if x not in have]
-        if missing:
-            _log(f"warning: no target(s) {', '.join(missing)} in this tree; building {', '.join(tg)}")
-        t = time.perf_counter()
-        _run(["ninja", "-C", build] + (["-j", str(jobs)] if jobs else []) + tg, env=env, what="ninja build")
-        times["compile"] = time.perf_counter() - t
-
-        if not partial and (build / "bin" / "libllama.so").exists():
-            for d in (lib_dir, bin_dir):
+        _compile(sdist, patches, dirs, opts, times)
+        if not partial and (dirs.build / "bin" / "libllama.so").exists():
+            for d in (dirs.lib_dir, dirs.bin_dir):
                 if d.exists():
                     shutil.rmtree(d)
-            copy_outputs(build, lib_dir, bin_dir)
+            copy_outputs(dirs.build, dirs.lib_dir, dirs.bin_dir)
         stamp["seconds"] = {k: round(v, 1) for k, v in times.items()}
-        stamp_path.write_text(json.dumps(stamp, indent=1))
+        dirs.stamp_path.write_text(json.dumps(stamp, indent=1))
 
     llama_lib = installed_llama_cpp_lib_dir()
     if partial:
         times["total"] = time.perf_counter() - t_all
-        _log(f"partial build ({', '.join(opts.resolved_targets())}) in {build}: not installed")
+        _log(f"partial build ({', '.join(opts.resolved_targets())}) in {dirs.build}: not installed")
         _log("  seconds            " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
-        return BuildResult(
-            root,
-            src,
-            build,
-            lib_dir,
-            bin_dir,
-            llama_lib,
-            stamp_path,
-            up_to_date,
-            {k: round(v, 1) for k, v in times.items()},
-            [p.name for p in patches],
-        )
-    if install and (lib_dir / "libllama.so").exists():
-        t = time.perf_counter()
-        needs = (
-            not up_to_date
-            or llama_lib is None
-            or not (llama_lib / "libllama.so").exists()
-            or sha256_file(llama_lib / "libllama.so") != sha256_file(lib_dir / "libllama.so")
-        )
-        if needs:
-            llama_lib = install_python_package(src, build)
-        info = verify_install(require_clover=bool(patches))
-        times["install"] = time.perf_counter() - t
-        _log(f"llama_cpp {info['version']} imports; libllama: {info['lib']}")
+        return _result(dirs, llama_lib, up_to_date, times, patches)
+    if opts.install and (dirs.lib_dir / "libllama.so").exists():
+        with _timed(times, "install"):
+            llama_lib = _install(dirs, llama_lib, reinstall=not up_to_date, require_clover=bool(patches))
     times["total"] = time.perf_counter() - t_all
-
-    (root / "runtime.json").write_text(
-        json.dumps(
-            {
-                "lib_dir": str(lib_dir),
-                "bin_dir": str(bin_dir),
-                "stamp": str(stamp_path),
-                "build_dir": str(build),
-                "src_dir": str(src),
-                "cuda": cuda,
-            },
-            indent=1,
-        )
-    )
-    res = BuildResult(
-        root,
-        src,
-        build,
-        lib_dir,
-        bin_dir,
-        llama_lib,
-        stamp_path,
-        up_to_date,
-        {k: round(v, 1) for k, v in times.items()},
-        [p.name for p in patches],
-    )
+    _write_runtime_json(dirs, cuda)
+    res = _result(dirs, llama_lib, up_to_date, times, patches)
     _log("runtime:")
     for k in ("src_dir", "build_dir", "lib_dir", "bin_dir", "llama_cpp_lib_dir", "stamp"):
         _log(f"  {k:18s} {getattr(res, k)}")
     _log("  seconds            " + ", ".join(f"{k} {v}" for k, v in res.seconds.items()))
     return res
+
+
+def build_stamp(dirs: RuntimeDirs, opts: BuildOptions, patches: list[Path]) -> dict:
+    """What a build depends on; a build dir whose stamp.json holds the same is up to date."""
+    return {
+        "version": STAMP_VERSION,
+        "sdist_sha256": SDIST_SHA256,
+        "patches": [p.name for p in patches],
+        "series_sha256": series_hash(patches),
+        "options": opts.key(),
+        "cmake_args": [a for a in cmake_args(dirs.src, dirs.build, opts) if "LAUNCHER" not in a],
+    }
+
+
+def stamp_matches(dirs: RuntimeDirs, stamp: dict, partial: bool) -> bool:
+    """The build dir's stamp holds `stamp` and (for a full build) lib/ holds its libllama."""
+    try:
+        old = json.loads(dirs.stamp_path.read_text()) if dirs.stamp_path.exists() else None
+    except ValueError:
+        old = None
+    return (
+        old is not None
+        and {k: old.get(k) for k in stamp} == stamp
+        and (partial or _same_file(dirs.lib_dir / "libllama.so", dirs.build / "bin" / "libllama.so"))
+    )
+
+
+def _compile(sdist: Path, patches: list[Path], dirs: RuntimeDirs, opts: BuildOptions, times: dict) -> None:
+    """Unpack + patch into src/, configure, and build the targets with ninja (the stamp is
+    removed first: a failed build leaves none)."""
+    # 1. a fresh unpack with the series applied, synced into src/ (only changed files touched)
+    with _timed(times, "unpack+patch"):
+        fresh = unpack_sdist(sdist, dirs.root / "src.fresh")
+        apply_patches(fresh, patches)
+        if dirs.src.exists():
+            n = sync_tree(fresh, dirs.src)
+            shutil.rmtree(fresh)
+            _log(f"src/ synced ({n} file(s) changed)")
+        else:
+            fresh.rename(dirs.src)
+
+    # 2. configure (always: cheap, and picks up new files such as src/models/clover.cpp)
+    env = _build_env(dirs.root)
+    with _timed(times, "configure"):
+        if dirs.stamp_path.exists():
+            dirs.stamp_path.unlink()
+        _run(cmake_args(dirs.src, dirs.build, opts), env=env, what="cmake configure", capture=True)
+
+    # 3. build the targets that exist (llama-clover-cli only with the patches)
+    have = _ninja_targets(dirs.build)
+    tg = [x for x in opts.resolved_targets() if x in have]
+    missing = [x for x in opts.resolved_targets() if x not in have]
+    if missing:
+        _log(f"warning: no target(s) {', '.join(missing)} in this tree; building {', '.join(tg)}")
+    with _timed(times, "compile"):
+        jobs = ["-j", str(opts.jobs)] if opts.jobs else []
+        _run(["ninja", "-C", dirs.build] + jobs + tg, env=env, what="ninja build")
+
+
+def _install(dirs: RuntimeDirs, llama_lib: Path | None, reinstall: bool, require_clover: bool) -> Path | None:
+    """pip-install the Python package when the build changed or its libllama differs from
+    lib/'s, then check it imports. Returns its llama_cpp/lib."""
+    needs = (
+        reinstall
+        or llama_lib is None
+        or not (llama_lib / "libllama.so").exists()
+        or sha256_file(llama_lib / "libllama.so") != sha256_file(dirs.lib_dir / "libllama.so")
+    )
+    if needs:
+        llama_lib = install_python_package(dirs.src, dirs.build)
+    info = verify_install(require_clover=require_clover)
+    _log(f"llama_cpp {info['version']} imports; libllama: {info['lib']}")
+    return llama_lib
+
+
+def _write_runtime_json(dirs: RuntimeDirs, cuda: bool) -> None:
+    """What runtime_paths() reads."""
+    info = {
+        "lib_dir": str(dirs.lib_dir),
+        "bin_dir": str(dirs.bin_dir),
+        "stamp": str(dirs.stamp_path),
+        "build_dir": str(dirs.build),
+        "src_dir": str(dirs.src),
+        "cuda": cuda,
+    }
+    (dirs.root / "runtime.json").write_text(json.dumps(info, indent=1))
+
+
+def _result(
+    dirs: RuntimeDirs, llama_lib: Path | None, skipped: bool, times: dict[str, float], patches: list[Path]
+) -> BuildResult:
+    return BuildResult(
+        root=dirs.root,
+        src_dir=dirs.src,
+        build_dir=dirs.build,
+        lib_dir=dirs.lib_dir,
+        bin_dir=dirs.bin_dir,
+        llama_cpp_lib_dir=llama_lib,
+        stamp=dirs.stamp_path,
+        skipped=skipped,
+        seconds={k: round(v, 1) for k, v in times.items()},
+        patches=[p.name for p in patches],
+    )

@@ -19,7 +19,7 @@ from . import bindings as B
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_GRAMMAR_BYTES = 1024 * 1024
 # optional properties of one object: llama.cpp's converter takes time that grows with about
-# their cube (256: 0.05 s, 800: 2 s, 3000: minutes, found by scripts/fuzz_server.py)
+# their cube (256: 0.05 s, 800: 2 s, 3000: minutes, found by tests/fuzz/fuzz_server.py)
 MAX_OPTIONAL_PROPERTIES = 256
 
 # response_format json_object: any JSON object (OpenAI's JSON mode)

@@ -76,9 +76,26 @@ class CloverRuntime:
             raise RuntimeLoadError(str(e).replace("no such file", "no such GGUF file")) from None
         self._lib = B.load()
         self._log = B.log_capture(self._lib, verbose=not quiet)
-        lc = self._lib.lc
         self._keep: list = []
         self.rpc_servers = B.parse_rpc_servers(rpc_servers)
+        self.model = self._load_model(n_gpu_layers, experts_on_cpu, cpu_tensors, mmap)
+        # tensor -> buffer type of every tensor a buffer-type override placed (experts_on_cpu),
+        # as llama.cpp's loader reports it
+        self.buffer_overrides = dict(self._log.overrides)
+        self._read_vocab()
+        self.n_threads = int(n_threads or min(default_threads(), GGML_MAX_N_THREADS))
+        self.n_seq_max = int(n_seq_max)
+        self.ctx = self._new_context(n_ctx, n_batch, n_ubatch, op_offload)
+        # where the layers, weights, memory and compute buffers went (llama.cpp's load log: it
+        # has no API for it), e.g. {"layers": {"RPC0": [0, 1]}, "buffers": {"model": {...}}, ...}
+        self.placement = B.parse_placement(self._log.placement, self.n_layer)
+        self._logits = np.empty((0,), dtype=np.float32)
+        self._state_sizes: dict[int, int] = {}
+        self._nonfinite_diag: str | None = None
+        self.last_perf: dict | None = None
+
+    def _load_model(self, n_gpu_layers: int, experts_on_cpu: bool, cpu_tensors, mmap: bool):
+        """llama_model_load_from_file with the placement asked for; RuntimeLoadError says why not."""
         try:
             devices = B.offload_devices(self._lib, self.rpc_servers)
         except B.RpcError as e:
@@ -88,12 +105,14 @@ class CloverRuntime:
         self._log.overrides.clear()
         self._log.placement.clear()
         with B.stderr_silenced(not self._log.verbose):
-            self.model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
-        if not self.model:
+            model = self._lib.lc.llama_model_load_from_file(str(self.path).encode(), mp)
+        if not model:
             raise RuntimeLoadError(_load_failure(self.path, self._log.reason() or "llama.cpp could not load it"))
-        # tensor -> buffer type of every tensor a buffer-type override placed (experts_on_cpu),
-        # as llama.cpp's loader reports it
-        self.buffer_overrides = dict(self._log.overrides)
+        return model
+
+    def _read_vocab(self) -> None:
+        """The model's sizes and special tokens."""
+        lc = self._lib.lc
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_layer = lc.llama_model_n_layer(self.model)
@@ -103,11 +122,13 @@ class CloverRuntime:
         eos = lc.llama_vocab_eos(self.vocab)
         self.eos_token_id = eos if eos >= 0 else None
         self.eog = frozenset(t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t))
-        self.n_threads = int(n_threads or min(default_threads(), GGML_MAX_N_THREADS))
+
+    def _new_context(self, n_ctx: int, n_batch: int | None, n_ubatch: int | None, op_offload: bool):
+        """llama_init_from_model; on failure the model is freed and RuntimeLoadError says why."""
+        lc = self._lib.lc
         # clover.h: n_ubatch >= B (a multiple of B folds several prompt blocks per graph, and
         # n_seq_max * B lets one denoising graph hold every sequence), n_batch >= n_ubatch,
         # n_ctx >= n_ubatch.
-        self.n_seq_max = int(n_seq_max)
         ub = int(n_ubatch or runtime_n_ubatch(self.n_seq_max, self.default_block_size))
         nb = int(n_batch or ub)
         n_ctx = max(int(n_ctx or self.n_ctx_train), ub)
@@ -122,19 +143,13 @@ class CloverRuntime:
             op_offload=op_offload,
         )
         self._log.mark()
-        self.ctx = lc.llama_init_from_model(self.model, cp)
-        if not self.ctx:
+        ctx = lc.llama_init_from_model(self.model, cp)
+        if not ctx:
             lc.llama_model_free(self.model)
             self.model = None
             why = self._log.reason() or "no reason logged"
             raise RuntimeLoadError(_load_failure(self.path, f"cannot create a context ({why})", why))
-        # where the layers, weights, memory and compute buffers went (llama.cpp's load log: it
-        # has no API for it), e.g. {"layers": {"RPC0": [0, 1]}, "buffers": {"model": {...}}, ...}
-        self.placement = B.parse_placement(self._log.placement, self.n_layer)
-        self._logits = np.empty((0,), dtype=np.float32)
-        self._state_sizes: dict[int, int] = {}
-        self._nonfinite_diag: str | None = None
-        self.last_perf: dict | None = None
+        return ctx
 
     # ---------------------------------------------------------------- lifetime
     def close(self):
@@ -462,123 +477,22 @@ class CloverRuntime:
         if n > self.n_seq_max:
             raise ValueError(f"{n} sequences > n_seq_max {self.n_seq_max}: create the runtime with n_seq_max >= {n}")
         cfgs = [c or GenerationConfig(block_size=self.default_block_size) for c in cfgs]
-        lib = self._lib
-        # per sequence: its blocks, tokens generated, limit, prompt length, prefill ms
-        seqs: dict[int, dict] = {}
-        err: list[BaseException] = []
-        ended: list[int] = []  # sequences the last step ended
-
-        def cb(seq_id, stats_p, _user):
-            try:
-                s = stats_p.contents
-                k = s.n_steps
-                L, m = s.n_tokens, s.n_top
-                st = BlockStats(
-                    index=s.block_index,
-                    n_tokens=L,
-                    steps=k,
-                    tokens_per_step=[int(s.tokens_per_step[i]) for i in range(k)],
-                    ms_per_step=[float(s.ms_per_step[i]) for i in range(k)],
-                    probs=[float(s.probs[i]) for i in range(L)],
-                    top=[
-                        [(int(s.top_tokens[i * m + j]), float(s.top_probs[i * m + j])) for j in range(m)]
-                        for i in range(L if m else 0)
-                    ],
-                )
-                q = seqs[seq_id]
-                q["blocks"].append(st)
-                toks = [int(s.tokens[i]) for i in range(s.n_tokens)]
-                go_on = True if on_block is None else on_block(seq_id, toks, st) is not False
-                q["n_gen"] += s.n_tokens
-                # the C side ends a sequence after a block with EOS (a constrained one: any
-                # end-of-generation token), a callback that returns False, or max_new_tokens
-                # generated; mirrored here to report it at once
-                ends = self.eog if q["grammar"] else {self.eos_token_id}
-                if not go_on or not ends.isdisjoint(toks) or q["n_gen"] >= q["n_max"]:
-                    ended.append(seq_id)
-                return go_on
-            except BaseException as e:  # never let an exception cross the C frame
-                err.append(e)
-                return False
-
-        c_cb = B.clover_seq_block_cb(cb)
-        batch = lib.clover_batch_init(self.ctx)
-        if not batch:
-            raise RuntimeError_("clover_batch_init failed")
-
-        def add(seq: int, prompt, c: GenerationConfig, keep: bool) -> None:
-            c.validate()
-            if c.block_size > self.n_ubatch:
-                raise ValueError(f"block_size {c.block_size} > n_ubatch {self.n_ubatch}")
-            grammar = self.grammar_sampler(c.grammar, c.grammar_triggers) if c.grammar is not None else None
-            toks = [int(t) for t in prompt]
-            tp = time.perf_counter()
-            try:
-                self._check(
-                    lib.clover_batch_add(batch, self._seq(seq), B.token_ptr(toks), len(toks), self.gen_params(c), keep),
-                    "clover_batch_add",
-                )
-            except BaseException:
-                if grammar:
-                    self._lib.lc.llama_sampler_free(grammar)
-                raise
-            seqs[seq] = dict(blocks=[], n_gen=0, n_max=c.max_new_tokens, n_prompt=len(toks), t0=tp, grammar=grammar)
-            seqs[seq].update(prompt=toks, bs=c.block_size)
-            seqs[seq]["prefill_ms"] = (time.perf_counter() - tp) * 1e3
-            if c.max_new_tokens == 0:  # as the reference: no block (clover.h's 0 means no limit)
-                lib.clover_batch_remove(batch, seq)
-                ended.append(seq)
-                return
-            if grammar:
-                self._check(lib.clover_batch_set_constraint(batch, seq, grammar), "clover_batch_set_constraint")
-            if c.n_probs:
-                self._check(lib.clover_batch_set_top_probs(batch, seq, c.n_probs), "clover_batch_set_top_probs")
-            if c.first_block is not None:
-                fb = [int(t) for t in c.first_block]
-                if fb:
-                    self._check(
-                        lib.clover_batch_set_block(batch, seq, B.token_ptr(fb), len(fb)), "clover_batch_set_block"
-                    )
-                seqs[seq]["n_max"] = max(c.max_new_tokens, len(fb))
-
-        def result(i: int) -> GenerationResult:
-            g = seqs[i]["grammar"]
-            seqs[i]["grammar"] = None
-            if g:
-                self._lib.lc.llama_sampler_free(g)
-            k = self._check(lib.clover_batch_tokens(batch, i, None, 0), "clover_batch_tokens")
-            out = (B.llama_token * max(1, k))()
-            lib.clover_batch_tokens(batch, i, out, k)
-            q = seqs[i]
-            total = (time.perf_counter() - q["t0"]) * 1e3
-            return GenerationResult(list(out[:k]), q["blocks"], q["n_prompt"], q["prefill_ms"], total)
-
+        run = _BatchRun(self, on_block)
+        ended = run.ended  # sequences the last step ended
         first: dict[int, GenerationResult] = {}  # results of `prompts`
         try:
             if reset:
                 self.reset()
-            lib.clover_perf_reset(self.ctx)
+            self._lib.clover_perf_reset(self.ctx)
             for i, (p, c) in enumerate(zip(prompts, cfgs)):
-                add(i, p, c, not reset)
+                run.add(i, p, c, not reset)
             active = set(range(n))
             while True:
-                n_c = 0
-                if len(ended) < len(active):
-                    stepped = sorted(set(active) - set(ended))
-                    rc = lib.clover_batch_step(batch, c_cb, None)
-                    if err:
-                        raise err[0]
-                    if rc == B.CLOVER_ERR_NONFINITE:  # never tokens from NaN/Inf logits
-                        raise self._nonfinite(batch, seqs)
-                    n_c = self._check(rc, "clover_batch_step")
-                    for i in stepped if after_step is not None else ():
-                        if not after_step(i) and i not in ended:
-                            lib.clover_batch_remove(batch, i)  # -1 only if it had ended already
-                            ended.append(i)
+                n_c = run.step(active, after_step) if len(ended) < len(active) else 0
                 if n_c == 0:  # a sequence the mirror missed still ends here
                     ended.extend(i for i in active if i not in ended)
                 for i in dict.fromkeys(ended):
-                    res = result(i)
+                    res = run.result(i)
                     active.discard(i)
                     if i < n and i not in first:
                         first[i] = res
@@ -586,21 +500,11 @@ class CloverRuntime:
                         on_finish(i, res)
                 ended.clear()
                 if refill is not None:
-                    free = [i for i in range(self.n_seq_max) if i not in active]
-                    for seq, p, c in refill(free) if free else []:
-                        if seq not in free:
-                            raise ValueError(f"refill: sequence {seq} is not free")
-                        add(seq, p, c, True)
-                        active.add(seq)
-                        free.remove(seq)
+                    run.refill(refill, active)
                 if not active:
                     break
         finally:
-            lib.clover_batch_free(batch)
-            for q in seqs.values():
-                if q["grammar"]:
-                    self._lib.lc.llama_sampler_free(q["grammar"])
-                    q["grammar"] = None
+            run.close()
         self.last_perf = self.perf()
         return [first[i] for i in range(n)]
 
@@ -630,6 +534,145 @@ class CloverRuntime:
         p = B.clover_perf()
         self._check(self._lib.clover_get_perf(self.ctx, ctypes.byref(p)), "clover_get_perf")
         return {k: getattr(p, k) for k, _ in B.clover_perf._fields_}
+
+
+class _BatchRun:
+    """One clover_batch of CloverRuntime.generate_batch: adds sequences, steps them, and keeps
+    what each sequence needs for its result (its block statistics, tokens generated, limit,
+    prompt and its length, start time, prefill ms, grammar sampler)."""
+
+    def __init__(self, rt: CloverRuntime, on_block: Callable[[int, list[int], BlockStats], bool | None] | None):
+        self.rt, self.lib = rt, rt._lib
+        self.on_block = on_block
+        self.seqs: dict[int, dict] = {}
+        self.err: list[BaseException] = []  # raised in the callback, re-raised after the step
+        self.ended: list[int] = []  # sequences the last step ended
+        self.c_cb = B.clover_seq_block_cb(self._block_done)
+        self.batch = self.lib.clover_batch_init(rt.ctx)
+        if not self.batch:
+            raise RuntimeError_("clover_batch_init failed")
+
+    def _block_done(self, seq_id, stats_p, _user):
+        """clover_batch_step's callback after each block of a sequence; True goes on."""
+        try:
+            s = stats_p.contents
+            st = _block_stats(s)
+            q = self.seqs[seq_id]
+            q["blocks"].append(st)
+            toks = [int(s.tokens[i]) for i in range(s.n_tokens)]
+            go_on = True if self.on_block is None else self.on_block(seq_id, toks, st) is not False
+            q["n_gen"] += s.n_tokens
+            # the C side ends a sequence after a block with EOS (a constrained one: any
+            # end-of-generation token), a callback that returns False, or max_new_tokens
+            # generated; mirrored here to report it at once
+            ends = self.rt.eog if q["grammar"] else {self.rt.eos_token_id}
+            if not go_on or not ends.isdisjoint(toks) or q["n_gen"] >= q["n_max"]:
+                self.ended.append(seq_id)
+            return go_on
+        except BaseException as e:  # never let an exception cross the C frame
+            self.err.append(e)
+            return False
+
+    def add(self, seq: int, prompt, c: GenerationConfig, keep: bool) -> None:
+        """Start sequence `seq` (its prompt committed after its kept memory when `keep`)."""
+        rt, lib, batch = self.rt, self.lib, self.batch
+        c.validate()
+        if c.block_size > rt.n_ubatch:
+            raise ValueError(f"block_size {c.block_size} > n_ubatch {rt.n_ubatch}")
+        grammar = rt.grammar_sampler(c.grammar, c.grammar_triggers) if c.grammar is not None else None
+        toks = [int(t) for t in prompt]
+        tp = time.perf_counter()
+        try:
+            rt._check(
+                lib.clover_batch_add(batch, rt._seq(seq), B.token_ptr(toks), len(toks), rt.gen_params(c), keep),
+                "clover_batch_add",
+            )
+        except BaseException:
+            if grammar:
+                lib.lc.llama_sampler_free(grammar)
+            raise
+        q = self.seqs[seq] = dict(
+            blocks=[], n_gen=0, n_max=c.max_new_tokens, n_prompt=len(toks), t0=tp, grammar=grammar
+        )
+        q.update(prompt=toks, bs=c.block_size)
+        q["prefill_ms"] = (time.perf_counter() - tp) * 1e3
+        if c.max_new_tokens == 0:  # as the reference: no block (clover.h's 0 means no limit)
+            lib.clover_batch_remove(batch, seq)
+            self.ended.append(seq)
+            return
+        if grammar:
+            rt._check(lib.clover_batch_set_constraint(batch, seq, grammar), "clover_batch_set_constraint")
+        if c.n_probs:
+            rt._check(lib.clover_batch_set_top_probs(batch, seq, c.n_probs), "clover_batch_set_top_probs")
+        if c.first_block is not None:
+            fb = [int(t) for t in c.first_block]
+            if fb:
+                rt._check(lib.clover_batch_set_block(batch, seq, B.token_ptr(fb), len(fb)), "clover_batch_set_block")
+            q["n_max"] = max(c.max_new_tokens, len(fb))
+
+    def step(self, active: set[int], after_step: Callable[[int], bool] | None) -> int:
+        """One denoising step of every unfinished sequence; returns the number of blocks
+        committed (0: none left)."""
+        lib, ended = self.lib, self.ended
+        stepped = sorted(set(active) - set(ended))
+        rc = lib.clover_batch_step(self.batch, self.c_cb, None)
+        if self.err:
+            raise self.err[0]
+        if rc == B.CLOVER_ERR_NONFINITE:  # never tokens from NaN/Inf logits
+            raise self.rt._nonfinite(self.batch, self.seqs)
+        n_c = self.rt._check(rc, "clover_batch_step")
+        for i in stepped if after_step is not None else ():
+            if not after_step(i) and i not in ended:
+                lib.clover_batch_remove(self.batch, i)  # -1 only if it had ended already
+                ended.append(i)
+        return n_c
+
+    def result(self, i: int) -> GenerationResult:
+        """Sequence i's result (it has ended); frees its grammar sampler."""
+        lib, q = self.lib, self.seqs[i]
+        g, q["grammar"] = q["grammar"], None
+        if g:
+            lib.lc.llama_sampler_free(g)
+        k = self.rt._check(lib.clover_batch_tokens(self.batch, i, None, 0), "clover_batch_tokens")
+        out = (B.llama_token * max(1, k))()
+        lib.clover_batch_tokens(self.batch, i, out, k)
+        total = (time.perf_counter() - q["t0"]) * 1e3
+        return GenerationResult(list(out[:k]), q["blocks"], q["n_prompt"], q["prefill_ms"], total)
+
+    def refill(self, refill: Callable[[list[int]], list[tuple[int, list, GenerationConfig]]], active: set[int]) -> None:
+        """Start what refill(free sequence ids) returns on those sequences."""
+        free = [i for i in range(self.rt.n_seq_max) if i not in active]
+        for seq, p, c in refill(free) if free else []:
+            if seq not in free:
+                raise ValueError(f"refill: sequence {seq} is not free")
+            self.add(seq, p, c, True)
+            active.add(seq)
+            free.remove(seq)
+
+    def close(self) -> None:
+        self.lib.clover_batch_free(self.batch)
+        self.c_cb = None  # it holds this object: no reference cycle once the batch is gone
+        for q in self.seqs.values():
+            if q["grammar"]:
+                self.lib.lc.llama_sampler_free(q["grammar"])
+                q["grammar"] = None
+
+
+def _block_stats(s) -> BlockStats:
+    """A clover_block_stats (C) as BlockStats."""
+    k, L, m = s.n_steps, s.n_tokens, s.n_top
+    return BlockStats(
+        index=s.block_index,
+        n_tokens=L,
+        steps=k,
+        tokens_per_step=[int(s.tokens_per_step[i]) for i in range(k)],
+        ms_per_step=[float(s.ms_per_step[i]) for i in range(k)],
+        probs=[float(s.probs[i]) for i in range(L)],
+        top=[
+            [(int(s.top_tokens[i * m + j]), float(s.top_probs[i * m + j])) for j in range(m)]
+            for i in range(L if m else 0)
+        ],
+    )
 
 
 class RuntimeBackend:

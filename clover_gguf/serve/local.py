@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..outputs import open_log
 from ..util import REPO_ROOT
+from . import ServeError
 
 
 def free_port() -> int:
@@ -52,7 +53,7 @@ class LocalServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"clover-gguf serve exited with {self.proc.returncode}: {self.log_tail()}")
+                raise ServeError(f"clover-gguf serve exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -60,9 +61,7 @@ class LocalServer:
             except OSError:
                 time.sleep(0.2)
         self.stop()
-        raise RuntimeError(
-            f"clover-gguf serve did not answer /health in {self.startup_timeout:.0f} s: {self.log_tail()}"
-        )
+        raise ServeError(f"clover-gguf serve did not answer /health in {self.startup_timeout:.0f} s: {self.log_tail()}")
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM, then wait (SIGKILL after `timeout`). Returns the exit code."""

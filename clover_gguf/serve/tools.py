@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CloverError
 from ..runtime.grammar import JSON_OBJECT_SCHEMA, SchemaError, json_schema_to_grammar, prefix_rules, tool_call_grammar
-from ..tokenizer import END_TOOL_CALL, TOOL_CALL
+from ..tokenizer import END_TOOL_CALL, TOOL_CALL, tool_call_sections
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_TOOLS = 128
@@ -192,7 +192,6 @@ class Reply:
     tool_calls: list[dict] = field(default_factory=list)
 
 
-_SECTION = re.compile(re.escape(TOOL_CALL) + r"\n?(.*?)\n?" + re.escape(END_TOOL_CALL), re.S)
 _HEAD = re.compile(r'\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ')
 
 
@@ -224,12 +223,12 @@ def split_calls(text: str) -> Reply:
     """Content and tool calls of a reply: the text before the first well-formed <tool_call>
     section is the content; sections that do not hold a call stay in the content as text."""
     calls, keep, pos = [], [], 0
-    for m in _SECTION.finditer(text):
-        call = _call(m.group(1).strip())
+    for i, body, j in tool_call_sections(text):
+        call = _call(text[body:j].strip()) if j is not None else None
         if call is None:
             continue
-        keep.append(text[pos : m.start()])
-        pos = m.end()
+        keep.append(text[pos:i])
+        pos = j + len(END_TOOL_CALL)
         calls.append(call)
     if not calls:
         return Reply(text)
@@ -251,15 +250,16 @@ class CallStreamer:
         self.buf += delta
         out, calls = [], []
         while True:
-            i = self.buf.find(TOOL_CALL)
-            if i < 0:
+            sections = tool_call_sections(self.buf)
+            if not sections:
                 break
-            j = self.buf.find(END_TOOL_CALL, i)
-            if j < 0:
-                out.append(self.buf[:i])
-                self.buf = self.buf[i:]
+            i, body, j = sections[0]
+            if j is None:
+                keep = len(self.buf[:i].rstrip("\n"))
+                out.append(self.buf[:keep])
+                self.buf = self.buf[keep:]
                 return self._content(out), calls
-            call = _call(self.buf[i + len(TOOL_CALL) : j].strip())
+            call = _call(self.buf[body:j].strip())
             end = j + len(END_TOOL_CALL)
             if call is None:
                 out.append(self.buf[:end])
@@ -280,8 +280,10 @@ class CallStreamer:
                 ),
                 0,
             )
-            out.append(self.buf[: len(self.buf) - k])
-            self.buf = self.buf[len(self.buf) - k :]
+            # newlines before a call are not content (split_calls strips them): hold them too
+            keep = len(self.buf[: len(self.buf) - k].rstrip("\n"))
+            out.append(self.buf[:keep])
+            self.buf = self.buf[keep:]
         return self._content(out), calls
 
     def _content(self, parts: list[str]) -> str:

@@ -154,27 +154,63 @@ def docstrings_note(log: dict) -> list[str]:
     ]
 
 
+# the config.json keys of the Architecture table, in its order
+ARCHITECTURE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "conv_kernel_size",
+    "block_size",
+    "rope_theta",
+    "rms_norm_eps",
+    "mask_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
+
+
 def write_model_card(out: Path, log: dict) -> Path:
     """models/clover-tiny/README.md from train_log.json (re-run with --card-only)."""
-    c = log["model_config"]
-    tc = log["train_config"]
-    d = log.get("data", {})
-    fin = log.get("final", {})
-    steps = log["steps"]
-    last = steps[-min(len(steps), 20) :]
-    tps = [r["tok_per_s"] for r in steps if "tok_per_s" in r]
-    ln2 = np.log(2)
-    n_active = None
+    lines = [
+        *intro_section(log),
+        *architecture_section(log),
+        *data_section(log),
+        *docstrings_note(log),
+        *chat_note(log),
+        *training_section(log),
+        *quality_section(log.get("final", {})),
+        *reproduce_section(log),
+    ]
+    path = out / "README.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def param_counts(log: dict) -> tuple[int, int | None]:
+    """(total, active per token) parameters from the model config; the log's n_params and no
+    active count when the config cannot be read."""
     try:
         from ..config import CloverConfig
 
-        cfg = CloverConfig.from_dict(c)
+        cfg = CloverConfig.from_dict(log["model_config"])
         n_total = cfg.n_params()
         per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
-        n_active = n_total - cfg.num_hidden_layers * (cfg.num_experts - cfg.num_experts_per_tok) * per_expert
+        return n_total, n_total - cfg.num_hidden_layers * (cfg.num_experts - cfg.num_experts_per_tok) * per_expert
     except Exception:
-        n_total = log.get("n_params")
-    lines = [
+        return log.get("n_params"), None
+
+
+def intro_section(log: dict) -> list[str]:
+    """The title, what the model is and its files."""
+    return [
         "# clover-tiny",
         "",
         "A tiny Clover (block-diffusion mixture-of-experts, the spec, `shared/spec/CLOVER.md`) trained "
@@ -191,38 +227,31 @@ def write_model_card(out: Path, log: dict) -> Path:
         "`tokenizer_config.json` (byte-level BPE trained on the same train split), `train_log.json` (config, "
         "per-step log, evals, final numbers), `loss.png`.",
         "",
+    ]
+
+
+def architecture_section(log: dict) -> list[str]:
+    """The config table and the parameter count."""
+    c = log["model_config"]
+    n_total, n_active = param_counts(log)
+    return [
         "## Architecture",
         "",
         "| key | value |",
         "|---|---|",
-    ]
-    for k in [
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "num_experts",
-        "num_experts_per_tok",
-        "moe_intermediate_size",
-        "shared_expert_intermediate_size",
-        "conv_kernel_size",
-        "block_size",
-        "rope_theta",
-        "rms_norm_eps",
-        "mask_token_id",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-    ]:
-        lines.append(f"| {k} | {c[k]} |")
-    lines += [
+        *(f"| {k} | {c[k]} |" for k in ARCHITECTURE_KEYS),
         "",
         f"Parameters: {n_total:,} in total"
         + (f", about {n_active:,} active per token" if n_active else "")
         + f" ({n_total * 2 / 1e6:.1f} MB in BF16).",
         "",
+    ]
+
+
+def data_section(log: dict) -> list[str]:
+    """The train and held-out splits of the standard library."""
+    d = log.get("data", {})
+    return [
         "## Data",
         "",
         f"The `*.py` files of the Python {d.get('python_version', '?')} standard library (test directories "
@@ -235,8 +264,16 @@ def write_model_card(out: Path, log: dict) -> Path:
         "",
         "Token streams have `<|endoftext|>` between files.",
         "",
-        *docstrings_note(log),
-        *chat_note(log),
+    ]
+
+
+def training_section(log: dict) -> list[str]:
+    """The objective, the optimizer and batch settings, how long it trained and its final loss."""
+    tc, d, steps = log["train_config"], log.get("data", {}), log["steps"]
+    last = steps[-min(len(steps), 20) :]
+    tps = [r["tok_per_s"] for r in steps if "tok_per_s" in r]
+    ln2 = np.log(2)
+    return [
         "## Training",
         "",
         "Block-diffusion NELBO (spec section 6, `clover_gguf/train/trainer.py`): windows of the train stream; per sequence "
@@ -278,8 +315,11 @@ def write_model_card(out: Path, log: dict) -> Path:
         "median of 8 steps); figures in `evaldata/speed/train-step.md`.",
         "",
     ]
-    lines += quality_section(fin)
-    lines += [
+
+
+def reproduce_section(log: dict) -> list[str]:
+    """The model's limitations and the commands that trained it."""
+    return [
         f"Limitations: {log['tokens'] / 1e6:.1f}M training tokens of one corpus (the standard library). The model "
         "writes Python-shaped text (indentation, names, calls, docstrings), not working programs; it exists to "
         "exercise the toolkit (converter, runtime, quantization reports) with predictions that are not flat.",
@@ -299,6 +339,3 @@ def write_model_card(out: Path, log: dict) -> Path:
         "models/clover-tiny` restarts warm from the saved model (new optimizer state).",
         "",
     ]
-    path = out / "README.md"
-    path.write_text("\n".join(lines))
-    return path

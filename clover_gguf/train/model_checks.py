@@ -129,23 +129,21 @@ def function_completions(
 ) -> dict:
     """Completions with the PyTorch reference (`steps` = B, one token per step): greedy, the
     issue's figure, unless a temperature is given."""
-    from ..reference.generate import GenerationConfig, TorchBackend, generate
+    from ..generation.loader import TorchGenerator
 
-    c = model.config
-    cfg = GenerationConfig(
+    gen = TorchGenerator(model, tok)
+    cfg = gen.config(
         max_new_tokens=max_new_tokens,
         block_size=block_size,
         steps=block_size,
         temperature=temperature,
         top_p=top_p,
         seed=seed,
-        mask_token_id=c.mask_token_id,
-        eos_token_id=c.eos_token_id,
     )
     rows = []
     for p in prompts:
-        res = generate(TorchBackend(model), tok.encode(p), cfg)
-        text = tok.decode(list(res.tokens))
+        res = gen.generate(gen.tokenize(p), cfg)
+        text = gen.detokenize(list(res.tokens))
         finished = len(res.tokens) < max_new_tokens  # stopped at <|endoftext|>
         body = function_body(text, finished)
         rows.append({"prompt": p, "completion": text, "body": body, "parses": body_parses(p, body)})
@@ -165,19 +163,13 @@ def threshold_speed(
 ) -> dict:
     """Tokens per denoising step of the threshold schedule (greedy) on the prompts: the issue-23
     figure of block diffusion's parallelism (1.0 = one token a step)."""
-    from ..reference.generate import GenerationConfig, TorchBackend, generate
+    from ..generation.loader import TorchGenerator
 
-    c = model.config
-    cfg = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        block_size=block_size,
-        threshold=threshold,
-        mask_token_id=c.mask_token_id,
-        eos_token_id=c.eos_token_id,
-    )
+    gen = TorchGenerator(model, tok)
+    cfg = gen.config(max_new_tokens=max_new_tokens, block_size=block_size, threshold=threshold)
     per_prompt = []
     for p in prompts:
-        res = generate(TorchBackend(model), tok.encode(p), cfg)
+        res = gen.generate(gen.tokenize(p), cfg)
         per_prompt.append((sum(b.n_tokens for b in res.blocks), sum(b.steps for b in res.blocks)))
     tokens, steps = sum(t for t, _ in per_prompt), sum(s for _, s in per_prompt)
     return {

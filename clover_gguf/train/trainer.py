@@ -477,6 +477,180 @@ def load_init(init_from: str | Path, c: CloverConfig, load_weights) -> dict:
     return {"path": str(src), **{k: plog.get(k) for k in keep}, "tokens": plog.get("tokens", 0)}
 
 
+class _Run:
+    """One call of train(): the model and what a checkpoint holds (the weights, the master
+    copies' under bf16; the optimizer; the batch RNG; the log), the run's clock and the
+    clocks of its periodic evals, checkpoints and exports."""
+
+    def __init__(self, model: CloverModel, tc: TrainConfig):
+        self.model, self.tc = model, tc
+        model.to(tc.device).train()
+        self.master = MasterWeights(model) if tc.precision == "bf16" else None
+        self.opt = make_optimizer(model, tc, self.master)
+        if tc.compile:
+            compile_model(model)
+        self.gen = torch.Generator().manual_seed(tc.seed)
+        self.train_config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
+        self.log = {
+            "train_config": self.train_config,
+            "model_config": model.config.to_dict(),
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "steps": [],
+            "evals": [],
+            "tokens": 0,
+            "step": 0,
+            "elapsed_s": 0.0,
+        }
+        self.ckpt_dir = Path(tc.ckpt_dir)
+
+    def weights(self) -> dict:
+        if self.master is not None:
+            return self.master.state_dict()
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def load_weights(self, sd: dict):
+        if self.master is not None:
+            self.master.load_state_dict(sd)
+        else:
+            self.model.load_state_dict(sd)
+
+    def start(self, resume, init_from, command: str | None, log_fn) -> None:
+        """Take the weights, log and RNG from `init_from` or `resume` (see train()), record
+        this part in log["runs"] and start the clocks."""
+        c = self.model.config
+        warm = bool(resume) and Path(resume).is_dir()
+        if init_from and not resume:
+            self.log["init_from"] = load_init(init_from, c, self.load_weights)
+            log_fn(
+                f"new run from the weights of {init_from} ({self.log['init_from']['tokens']:,} tokens trained there)"
+            )
+        if warm:
+            self._warm_restart(resume, log_fn)
+        elif resume:
+            ck = torch.load(resume, weights_only=False, map_location=self.tc.device)
+            if ck["log"]["model_config"] != c.to_dict():
+                raise ValueError(f"{resume}: checkpoint of another model shape ({ck['log']['model_config']})")
+            self.load_weights(ck["model"])
+            self.opt.load_state_dict(ck["opt"])
+            self.gen.set_state(ck["gen"].cpu())
+            self.log = ck["log"]
+            self.log["train_config"] = self.train_config
+            log_fn(f"resumed from {resume} at step {self.log['step']}, {self.log['tokens']} tokens")
+        log = self.log
+        self.elapsed0, self.warm_start = log["elapsed_s"], log.get("warm_start_step", 0)
+        log.setdefault("runs", []).append(
+            {
+                "step": log["step"],
+                "tokens": log["tokens"],
+                "elapsed_s": round(self.elapsed0, 1),
+                "command": command,
+                "warm_restart": warm,
+            }
+        )
+        self.t_start = time.time()
+        self.last_ckpt = self.last_eval = self.last_export = time.time()
+
+    def _warm_restart(self, folder, log_fn) -> None:
+        """A released model folder (model.safetensors + train_log.json), for when the checkpoint
+        is gone: its weights and log; the optimizer moments restart at zero, so the LR warms up again."""
+        log = json.loads((Path(folder) / "train_log.json").read_text())
+        if log["model_config"] != self.model.config.to_dict():
+            raise ValueError(f"{folder}: model of another shape ({log['model_config']})")
+        self.load_weights(CloverModel.from_pretrained(folder).state_dict())
+        for k in ("final", "unigram", "command", "data", "finished"):
+            log.pop(k, None)
+        log["warm_start_step"] = log["step"]
+        self.gen.manual_seed(self.tc.seed + log["step"])  # not the batches the run began with
+        log["train_config"] = self.train_config
+        self.log = log
+        log_fn(f"warm restart from {folder} at step {log['step']}, {log['tokens']} tokens (new optimizer state)")
+
+    def elapsed(self) -> float:
+        """Seconds trained, this part and the earlier ones."""
+        return self.elapsed0 + time.time() - self.t_start
+
+    def progress(self, step: int, tokens: int) -> float:
+        """How far the run is, by steps, time or tokens, whichever is furthest (1: done)."""
+        tc = self.tc
+        progress = step / tc.max_steps
+        if tc.time_budget_min:
+            progress = max(progress, self.elapsed() / (tc.time_budget_min * 60))
+        if tc.max_tokens:
+            progress = max(progress, tokens / tc.max_tokens)
+        return progress
+
+    def draw_batch(self, stream: torch.Tensor, chat: tuple | None, B: int) -> Batch:
+        """A batch of block size B from the stream, or from chat = (ids, starts, scored)."""
+        tc, c, gen = self.tc, self.model.config, self.gen
+        if chat is None:
+            n_seq, nb = batch_shape(B, tc)
+            return sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
+        ids, starts, scored = chat
+        n_seq, nb = batch_shape(B, tc, tc.chat_seq_tokens)
+        return sample_batch(
+            ids, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps, start_points=starts, score_mask=scored
+        )
+
+    def save_ckpt(self) -> None:
+        log = self.log
+        log["elapsed_s"] = self.elapsed()
+        ck = {"model": self.weights(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(), "log": log}
+        _atomic_torch_save(ck, self.ckpt_dir / "ckpt-last.pt")
+        write_json(self.ckpt_dir / "train_log.json", log, indent=None)
+        save_hf(self.model, self.ckpt_dir / "hf")
+
+    def periodic(self, step: int, tokens: int, rec: dict, heldout, export, log_fn) -> None:
+        """The held-out eval, checkpoint and export that are due after this step."""
+        tc, log = self.tc, self.log
+        if heldout is not None and tc.eval_every_min and time.time() - self.last_eval > tc.eval_every_min * 60:
+            ev = evaluate_heldout(self.model, heldout[: tc.eval_tokens], autocast=tc.precision == "autocast")
+            ev.update(step=step, tokens=tokens, time_s=rec["time_s"])
+            log["evals"].append(ev)
+            log_fn(f"eval step {step}: held-out {ev['bits_per_token']:.3f} bits/token (first {ev['n_tokens']} tokens)")
+            self.last_eval = time.time()
+        if time.time() - self.last_ckpt > tc.ckpt_every_min * 60:
+            self.save_ckpt()
+            log_fn(f"checkpoint step {step} -> {self.ckpt_dir}")
+            self.last_ckpt = time.time()
+        if export is not None and tc.export_every_min and time.time() - self.last_export > tc.export_every_min * 60:
+            log["elapsed_s"] = self.elapsed()
+            log_fn(f"exported step {step} -> {export(self.model, log)}")
+            self.last_export = time.time()
+
+    def finish(self) -> dict:
+        """The last checkpoint; the model back to float32 (the master weights), eval mode."""
+        self.save_ckpt()
+        model = uncompile_model(self.model)
+        if self.master is not None:  # hand back a float32 model holding the master weights
+            model.to(torch.float32)
+            model.load_state_dict(self.master.state_dict())
+        model.eval()
+        return self.log
+
+
+def _step_record(step: int, tokens: int, time_s: float, st: dict, lr: float, B: int) -> dict:
+    """One step's entry of log["steps"]."""
+    return {
+        "step": step,
+        "tokens": tokens,
+        "time_s": round(time_s, 2),
+        "loss": round(st["loss"], 4),
+        "masked_ce": round(st["masked_ce"], 4),
+        "lr": float(f"{lr:.4g}"),
+        "B": B,
+        "grad_norm": round(st["grad_norm"], 3),
+    }
+
+
+def _progress_line(recent: list[dict], rec: dict, st: dict, lr: float, B: int, tps: float) -> str:
+    """The log line of every log_every steps: means over `recent`, tok/s of compute."""
+    return (
+        f"step {rec['step']} tok {rec['tokens']} t {rec['time_s']:.0f}s loss {np.mean([r['loss'] for r in recent]):.4f} "
+        f"mce {np.mean([r['masked_ce'] for r in recent]):.4f} lr {lr:.2e} gn {st['grad_norm']:.2f} "
+        f"B {B} tok/s {tps:.0f}"
+    )
+
+
 def train(
     model: CloverModel,
     stream: torch.Tensor,
@@ -505,135 +679,36 @@ def train(
     new run (step 0, its own schedule; log["init_from"] records the parent). `export(model,
     log)` is called every tc.export_every_min minutes. Returns the log dict."""
     torch.set_num_threads(tc.threads)
-    c = model.config
-    model.to(tc.device).train()
-    master = MasterWeights(model) if tc.precision == "bf16" else None
-    opt = make_optimizer(model, tc, master)
-    if tc.compile:
-        compile_model(model)
-    gen = torch.Generator().manual_seed(tc.seed)
-    train_config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
-    log = {
-        "train_config": train_config,
-        "model_config": c.to_dict(),
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "steps": [],
-        "evals": [],
-        "tokens": 0,
-        "step": 0,
-        "elapsed_s": 0.0,
-    }
-    ckpt_dir = Path(tc.ckpt_dir)
-
-    def weights() -> dict:
-        return master.state_dict() if master is not None else {k: v.detach() for k, v in model.state_dict().items()}
-
-    def load_weights(sd: dict):
-        if master is not None:
-            master.load_state_dict(sd)
-        else:
-            model.load_state_dict(sd)
-
-    warm = bool(resume) and Path(resume).is_dir()
-    if init_from and not resume:
-        log["init_from"] = load_init(init_from, c, load_weights)
-        log_fn(f"new run from the weights of {init_from} ({log['init_from']['tokens']:,} tokens trained there)")
-    if warm:
-        # A released model folder (model.safetensors + train_log.json), for when the checkpoint
-        # is gone: its weights and log; the optimizer moments restart at zero, so the LR warms up again.
-        log = json.loads((Path(resume) / "train_log.json").read_text())
-        if log["model_config"] != c.to_dict():
-            raise ValueError(f"{resume}: model of another shape ({log['model_config']})")
-        load_weights(CloverModel.from_pretrained(resume).state_dict())
-        for k in ("final", "unigram", "command", "data", "finished"):
-            log.pop(k, None)
-        log["warm_start_step"] = log["step"]
-        gen.manual_seed(tc.seed + log["step"])  # not the batches the run began with
-        log["train_config"] = train_config
-        log_fn(f"warm restart from {resume} at step {log['step']}, {log['tokens']} tokens (new optimizer state)")
-    elif resume:
-        ck = torch.load(resume, weights_only=False, map_location=tc.device)
-        if ck["log"]["model_config"] != c.to_dict():
-            raise ValueError(f"{resume}: checkpoint of another model shape ({ck['log']['model_config']})")
-        load_weights(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        gen.set_state(ck["gen"].cpu())
-        log = ck["log"]
-        log["train_config"] = train_config
-        log_fn(f"resumed from {resume} at step {log['step']}, {log['tokens']} tokens")
-    step, tokens, elapsed0 = log["step"], log["tokens"], log["elapsed_s"]
-    warm_start = log.get("warm_start_step", 0)
-    log.setdefault("runs", []).append(
-        {"step": step, "tokens": tokens, "elapsed_s": round(elapsed0, 1), "command": command, "warm_restart": warm}
-    )
-    t_start = time.time()
-    last_ckpt = last_eval = last_export = time.time()
-    chat_ids, chat_starts, chat_scored = (tuple(chat) + (None,))[:3] if chat is not None else (None, None, None)
+    run = _Run(model, tc)
+    run.start(resume, init_from, command, log_fn)
+    log, gen = run.log, run.gen
+    step, tokens = log["step"], log["tokens"]
+    chat_parts = (tuple(chat) + (None,))[:3] if chat is not None else None
     win_tok, win_t = 0, 0.0
-    budget_s = tc.time_budget_min * 60 if tc.time_budget_min else None
-
-    def save_ckpt():
-        log["elapsed_s"] = elapsed0 + time.time() - t_start
-        _atomic_torch_save(
-            {"model": weights(), "opt": opt.state_dict(), "gen": gen.get_state(), "log": log}, ckpt_dir / "ckpt-last.pt"
-        )
-        write_json(ckpt_dir / "train_log.json", log, indent=None)
-        save_hf(model, ckpt_dir / "hf")
 
     while True:
-        elapsed = elapsed0 + time.time() - t_start
-        progress = step / tc.max_steps
-        if budget_s:
-            progress = max(progress, elapsed / budget_s)
-        if tc.max_tokens:
-            progress = max(progress, tokens / tc.max_tokens)
+        progress = run.progress(step, tokens)
         if step >= tc.max_steps or progress >= 1.0:
             log["finished"] = True
             break
         if should_stop is not None and should_stop(step):
             log["finished"] = False
-            log_fn(f"stopping at step {step}, {tokens} tokens; --resume {ckpt_dir / 'ckpt-last.pt'} continues")
+            log_fn(f"stopping at step {step}, {tokens} tokens; --resume {run.ckpt_dir / 'ckpt-last.pt'} continues")
             break
-        lr = lr_at(step, progress, tc, warm_start)
+        lr = lr_at(step, progress, tc, run.warm_start)
         B = choose_block(gen, tc)
         # (a run without chat draws no extra random number: its batches stay as before)
         is_chat = chat is not None and tc.chat_ratio > 0 and float(torch.rand(1, generator=gen)) < tc.chat_ratio
         t0 = time.time()
-        if is_chat:
-            n_seq, nb = batch_shape(B, tc, tc.chat_seq_tokens)
-            batch = sample_batch(
-                chat_ids,
-                n_seq,
-                B,
-                nb,
-                gen,
-                c.mask_token_id,
-                c.pad_token_id,
-                tc.eps,
-                start_points=chat_starts,
-                score_mask=chat_scored,
-            )
-        else:
-            n_seq, nb = batch_shape(B, tc)
-            batch = sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
-        batch = batch.to(tc.device)
-        st = train_step(model, opt, batch, tc, lr, master)
+        batch = run.draw_batch(stream, chat_parts if is_chat else None, B).to(tc.device)
+        st = train_step(model, run.opt, batch, tc, lr, run.master)
         win_t += time.time() - t0
         if not math.isfinite(st["loss"]):
             raise FloatingPointError(f"non-finite loss at step {step}")
         step += 1
         tokens += st["n_tokens"]
         win_tok += st["n_tokens"]
-        rec = {
-            "step": step,
-            "tokens": tokens,
-            "time_s": round(elapsed0 + time.time() - t_start, 2),
-            "loss": round(st["loss"], 4),
-            "masked_ce": round(st["masked_ce"], 4),
-            "lr": float(f"{lr:.4g}"),
-            "B": B,
-            "grad_norm": round(st["grad_norm"], 3),
-        }
+        rec = _step_record(step, tokens, run.elapsed(), st, lr, B)
         if chat is not None:
             rec["chat"] = int(is_chat)
         log["steps"].append(rec)
@@ -641,31 +716,7 @@ def train(
         if step % tc.log_every == 0:
             tps = win_tok / max(win_t, 1e-9)  # compute time only (evals/checkpoints excluded)
             win_tok, win_t = 0, 0.0
-            recent = log["steps"][-tc.log_every :]
-            log_fn(
-                f"step {step} tok {tokens} t {rec['time_s']:.0f}s loss {np.mean([r['loss'] for r in recent]):.4f} "
-                f"mce {np.mean([r['masked_ce'] for r in recent]):.4f} lr {lr:.2e} gn {st['grad_norm']:.2f} "
-                f"B {B} tok/s {tps:.0f}"
-            )
+            log_fn(_progress_line(log["steps"][-tc.log_every :], rec, st, lr, B, tps))
             rec["tok_per_s"] = round(tps, 1)
-        if heldout is not None and tc.eval_every_min and time.time() - last_eval > tc.eval_every_min * 60:
-            ev = evaluate_heldout(model, heldout[: tc.eval_tokens], autocast=tc.precision == "autocast")
-            ev.update(step=step, tokens=tokens, time_s=rec["time_s"])
-            log["evals"].append(ev)
-            log_fn(f"eval step {step}: held-out {ev['bits_per_token']:.3f} bits/token (first {ev['n_tokens']} tokens)")
-            last_eval = time.time()
-        if time.time() - last_ckpt > tc.ckpt_every_min * 60:
-            save_ckpt()
-            log_fn(f"checkpoint step {step} -> {ckpt_dir}")
-            last_ckpt = time.time()
-        if export is not None and tc.export_every_min and time.time() - last_export > tc.export_every_min * 60:
-            log["elapsed_s"] = elapsed0 + time.time() - t_start
-            log_fn(f"exported step {step} -> {export(model, log)}")
-            last_export = time.time()
-    save_ckpt()
-    uncompile_model(model)
-    if master is not None:  # hand back a float32 model holding the master weights
-        model.to(torch.float32)
-        model.load_state_dict(master.state_dict())
-    model.eval()
-    return log
+        run.periodic(step, tokens, rec, heldout, export, log_fn)
+    return run.finish()

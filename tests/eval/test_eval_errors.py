@@ -12,12 +12,8 @@ from clover_gguf.gguf_io import codec as F
 
 
 @pytest.fixture(scope="module")
-def rc_gguf(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
-
-    p = tmp_path_factory.mktemp("e") / "rc.gguf"
-    convert(RC, p, recipe="bf16", progress=False)
-    return p
+def rc_gguf(converted):
+    return converted(RC, "bf16")
 
 
 def _invoke(*args):
@@ -78,11 +74,8 @@ def test_sensitivity_unknown_type_and_group(tmp_path):
     )
 
 
-def test_empty_and_non_utf8_corpus(tmp_path):
-    from clover_gguf.convert.converter import convert
-
-    g = tmp_path / "tiny.gguf"
-    convert(TINY, g, recipe="bf16", progress=False)
+def test_empty_and_non_utf8_corpus(tmp_path, converted):
+    g = converted(TINY, "bf16")
     (tmp_path / "empty.txt").write_text("")
     res = _invoke("eval", "quality", "--reference", str(TINY), str(g), "--corpus", str(tmp_path / "empty.txt"))
     _one_line(res, "the corpus (1 documents, 0 tokens) has no document of two blocks of 16 tokens")
@@ -128,12 +121,10 @@ def test_permuted_token_strings_are_refused(rc_gguf, tmp_path):
     _one_line(res, "does not match the reference")
 
 
-def test_gguf_of_another_model_is_refused(tmp_path):
+def test_gguf_of_another_model_is_refused(tmp_path, converted):
     from clover_gguf.config import CloverConfig
-    from clover_gguf.convert.converter import convert
 
-    other = tmp_path / "tiny.gguf"
-    convert(TINY, other, recipe="bf16", progress=False)
+    other = converted(TINY, "bf16")
     with pytest.raises(QualityError, match="vocab_size is 4100, the reference's is 97"):
         check_matches_reference(other, RC, CloverConfig.load(RC))
     _one_line(

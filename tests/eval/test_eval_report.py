@@ -53,7 +53,7 @@ def test_report_renders_saved_quality_json(quality_run, tmp_path):
     res = CliRunner().invoke(cli, ["report", str(d / "first-quality.json"), "-o", str(tmp_path)])
     assert res.exit_code == 0, res.output
     md = (tmp_path / "report.md").read_text()
-    assert "| rc-q4_0 |" in md and "KL mean" in md and "Long-history drift" in md
+    assert "| random-clover-q4_0 |" in md and "KL mean" in md and "Long-history drift" in md
     assert (tmp_path / "pareto.png").stat().st_size > 1000 and (tmp_path / "drift.png").stat().st_size > 1000
 
 

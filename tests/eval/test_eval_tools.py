@@ -123,12 +123,8 @@ def test_bad_options_are_one_line(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_q8(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
-
-    d = tmp_path_factory.mktemp("tools")
-    convert(DEFAULT_MODEL, d / "tiny-q8_0.gguf", recipe="q8_0", progress=False)
-    return d / "tiny-q8_0.gguf"
+def tiny_q8(converted):
+    return converted(DEFAULT_MODEL, "q8_0")
 
 
 def test_run_on_clover_tiny(tiny_q8, tmp_path):
@@ -148,13 +144,13 @@ def test_run_on_clover_tiny(tiny_q8, tmp_path):
             assert len(recs) == 1 and len(recs[0]) == n_turns
             counts = t["modes"][mode]["counts"]
             assert counts["turns"] == n_turns and counts["expected_calls"] >= 1
-    stab = run["stability"]["tiny-q8_0.gguf"]["schedules"]
+    stab = run["stability"]["clover-tiny-q8_0.gguf"]["schedules"]
     assert set(stab) == {"steps 4", "steps 8", "threshold 0.9"}
     assert all(s["blocks"] >= 1 and 0 <= s["blocks_revised"] <= s["blocks"] for s in stab.values())
     saved = json.loads((tmp_path / "out" / "tools.json").read_text())
     assert saved["kind"] == "tools" and (tmp_path / "out" / "tools.png").stat().st_size > 1000
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "| tiny-q8_0.gguf | constrained |" in md and "Formatting stability" in md
+    assert "| clover-tiny-q8_0.gguf | constrained |" in md and "Formatting stability" in md
     # `clover-gguf report` renders the saved run again
     r = CliRunner().invoke(cli, ["report", str(tmp_path / "out" / "tools.json"), "-o", str(tmp_path / "again")])
     assert r.exit_code == 0, r.output

@@ -27,13 +27,10 @@ SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def rt(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
+def rt(converted):
     from clover_gguf.runtime.runtime import CloverRuntime
 
-    gguf = tmp_path_factory.mktemp("constrained") / "clover-tiny-q4_k.gguf"
-    convert(TINY, gguf, recipe="q4_k", progress=False)
-    r = CloverRuntime(gguf, n_threads=1)
+    r = CloverRuntime(converted(TINY, "q4_k"), n_threads=1)
     yield r
     r.close()
 

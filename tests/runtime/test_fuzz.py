@@ -1,30 +1,34 @@
-"""The fuzz harness (scripts/fuzz_gguf.py): its mutants (metadata, tensor data, truncation) of
+"""The fuzz harness (tests/fuzz/fuzz_gguf.py): its mutants (metadata, tensor data, truncation) of
 both bases (spec random-clover, clover-tiny with its tokenizer and template), the inputs that
 once crashed or hung the runtime (tests/data/fuzz/) giving clean errors everywhere, its output
 comparison with the unmutated file (a run that differs without a reason is a finding), and a
 short campaign with no finding. CI runs the bounded campaign (scripts/test.sh); README
 "Fuzzing" has the long one."""
 
-import importlib.util
+import os
 import random
-import sys
 
 import pytest
-from testdata import REPO
+from fuzz import fuzz_gguf as F
+from testdata import REPO, TINY, VECTORS
 
 from clover_gguf.gguf_io import codec
-
-_spec = importlib.util.spec_from_file_location("fuzz_gguf", REPO / "scripts" / "fuzz_gguf.py")
-F = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(F)
 
 HINT = "(does the runtime include patches/0007, 0010, 0011? `clover-gguf runtime build` rebuilds it)"
 
 
 @pytest.fixture(scope="module")
-def bases(tmp_path_factory):
+def base_dir(tmp_path_factory, converted):
+    """The harness's two bases are the session's default conversions: base_files finds them here."""
     d = tmp_path_factory.mktemp("bases")
-    return {k: F.load_base(k, p) for k, p in F.base_files(d).items()}
+    os.link(converted(VECTORS / "random-clover"), d / "base-spec.gguf")
+    os.link(converted(TINY), d / "base-tiny.gguf")
+    return d
+
+
+@pytest.fixture(scope="module")
+def bases(base_dir):
+    return {k: F.load_base(k, p) for k, p in F.base_files(base_dir).items()}
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +100,8 @@ def test_kept_inputs_replay_clean():
     assert sum(tally.counts["cli"].values()) == len(files)
 
 
-def test_short_campaign(tmp_path):
-    tally = F.campaign(40, seed=12345, keep=tmp_path / "kept", timeout=60, log=lambda *a: None)
+def test_short_campaign(tmp_path, base_dir):
+    tally = F.campaign(40, seed=12345, keep=tmp_path / "kept", timeout=60, log=lambda *a: None, base_dir=base_dir)
     assert tally.bad == 0, f"{HINT}: {tally.counts} {tally.findings}"
     # the mutants reach every target; the Python side refuses what llama-clover-cli refuses (and
     # may refuse more: on tiny it also renders the chat template, which the CLI does not)

@@ -22,12 +22,8 @@ HINT = "(does the runtime include patches/0007? `clover-gguf runtime build` rebu
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
-
-    p = tmp_path_factory.mktemp("base") / "base.gguf"
-    convert(VECTORS / "random-clover", p, progress=False)
-    return F.parse(p.read_bytes())
+def base(converted):
+    return F.parse(converted(VECTORS / "random-clover").read_bytes())
 
 
 @pytest.fixture(scope="module")

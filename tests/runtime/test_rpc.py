@@ -35,12 +35,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def gguf(tmp_path_factory):
-    from clover_gguf.convert.converter import convert
-
-    out = tmp_path_factory.mktemp("rpc") / "clover-tiny-q4_k.gguf"
-    convert(TINY, out, progress=False)
-    return out
+def gguf(converted):
+    return converted(TINY)
 
 
 @pytest.fixture(scope="module")

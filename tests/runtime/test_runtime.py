@@ -488,12 +488,17 @@ def _tiny_present():
 
 
 @pytest.fixture(scope="session")
-def tiny(lib, tmp_path_factory):
+def tiny_f32(lib, tmp_path_factory):
     assert _tiny_present(), f"{TINY} has no trained checkpoint"
+    return convert_f32(TINY, tmp_path_factory.mktemp("tiny") / "clover-tiny-f32.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_f32):
     from clover_gguf.reference.model import CloverModel
     from clover_gguf.runtime.runtime import CloverRuntime
 
-    gguf = convert_f32(TINY, tmp_path_factory.mktemp("tiny") / "clover-tiny-f32.gguf")
+    gguf = tiny_f32
     ref = CloverModel.from_pretrained(TINY, dtype=torch.float32).eval()
     rt = CloverRuntime(gguf, n_threads=2, n_ubatch=128, n_batch=128)
     yield rt, ref
@@ -522,6 +527,49 @@ def test_tiny_parity(tiny):
     )
     want = generate(TorchBackend(ref, "blockwise"), prompt, cfg).tokens
     assert rt.generate(prompt, cfg).tokens == want
+
+
+@pytest.mark.parametrize("outtype", ["f32", "bf16"])
+def test_loader_backends_agree(tiny_f32, converted, outtype):
+    """generation/loader.py's one interface: clover-tiny's folder (PyTorch reference) and its F32
+    and BF16 GGUFs (llama.cpp; the checkpoint is BF16, so all three hold the same weights) give
+    the same facts, prompt ids (BOS/EOS rule included), chat prompt and config. F32: the same
+    logits and greedy tokens and text. BF16: ggml's BF16 matmul rounds the activations to BF16
+    too, so its logits are close (mean KL 3.3e-3 nats measured on this block), not equal, and
+    greedy decoding parts from the reference's at the second token (as `clover-gguf run` does)."""
+    from clover_gguf.generation.loader import RuntimeGenerator, TorchGenerator, load
+
+    gguf = tiny_f32 if outtype == "f32" else converted(TINY, "bf16")
+    ref, rt = load(TINY, threads=2), load(gguf, threads=2)
+    try:
+        assert isinstance(ref, TorchGenerator) and isinstance(rt, RuntimeGenerator)
+        assert (ref.backend, rt.backend) == ("pytorch-float32", "llama.cpp")
+        facts = ("n_vocab", "n_ctx", "block_size", "mask_token_id", "eos_token_id", "placement")
+        assert {k: getattr(ref, k) for k in facts} == {k: getattr(rt, k) for k in facts}
+        msgs = [{"role": "user", "content": "Sort a list."}]
+        for think in (False, True):
+            assert ref.chat_prompt(msgs, enable_thinking=think) == rt.chat_prompt(msgs, enable_thinking=think)
+        text = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+        ids = ref.tokenize(text, add_special=True)
+        assert ids == rt.tokenize(text, add_special=True) and ref.token_id("<|im_end|>") == rt.token_id("<|im_end|>")
+        B = ref.block_size
+        cfg = ref.config(max_new_tokens=3 * B, steps=B // 2)
+        assert cfg == rt.config(max_new_tokens=3 * B, steps=B // 2) and cfg.block_size == B
+        ra, rb = ref.logits_backend(), rt.logits_backend()
+        ra.prefill(ids, B)
+        rb.prefill(ids, B)
+        blk = [ref.mask_token_id] * B
+        la, lb = ra.block_logits(blk), rb.block_logits(blk)
+        if outtype == "bf16":
+            kl = kl_rows(la, torch.as_tensor(lb).float()).mean().item()
+            assert kl < 2e-2, f"BF16 GGUF: mean KL {kl:.2e} on the first masked block"
+            return
+        assert_logits_close(la, lb, "loader: clover-tiny's first masked block")
+        a, b = ref.generate(ids, cfg), rt.generate(ids, cfg)
+        assert len(a.tokens) > 0 and a.tokens == b.tokens
+        assert ref.detokenize(a.tokens) == rt.detokenize(b.tokens)
+    finally:
+        rt.close()
 
 
 # ----------------------------------------------------------------------------- tokenizer, template, overrides

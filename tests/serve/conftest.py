@@ -27,14 +27,10 @@ def _runtime_or_fail():
 
 
 @pytest.fixture(scope="session")
-def tiny_gguf(tmp_path_factory):
+def tiny_gguf(converted):
     _runtime_or_fail()
-    from clover_gguf.convert.converter import convert
-
     assert (TINY / "config.json").exists(), f"{TINY} has no trained checkpoint"
-    out = tmp_path_factory.mktemp("serve") / "clover-tiny-bf16.gguf"
-    convert(TINY, out, recipe="bf16", progress=False)
-    return out
+    return converted(TINY, "bf16")
 
 
 @pytest.fixture(scope="session")

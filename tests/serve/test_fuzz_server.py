@@ -1,17 +1,11 @@
-"""The server request fuzzer (scripts/fuzz_server.py): its bodies encode what a client could not
+"""The server request fuzzer (tests/fuzz/fuzz_server.py): its bodies encode what a client could not
 send (NaN, lone surrogates, deep nesting), and a short campaign against the test server gets only
 2xx and 4xx answers. CI runs the longer campaign (scripts/test.sh); docs/serving.md has the long one."""
 
-import importlib.util
 import json
-import sys
 
 from conftest import API_KEY
-from testdata import REPO
-
-_spec = importlib.util.spec_from_file_location("fuzz_server", REPO / "scripts" / "fuzz_server.py")
-F = sys.modules.setdefault("fuzz_server", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(F)
+from fuzz import fuzz_server as F
 
 
 def test_encode_splices_raw_fragments():

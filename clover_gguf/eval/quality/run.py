@@ -236,7 +236,7 @@ def schedules(block_size: int, steps: int | None = None, threshold: float = DEFA
 def run_generation(gen_fn, prompts, cfg_base: dict, scheds: dict) -> dict:
     """gen_fn(prompt_ids, GenerationConfig) -> GenerationResult, for each prompt and schedule:
     {schedule: {"tokens": [[...]], "steps_per_block", "tokens_per_step", "seconds"}}"""
-    from ...reference.generate import GenerationConfig
+    from ...generation.config import GenerationConfig
 
     res = {}
     for name, s in scheds.items():
@@ -387,22 +387,17 @@ def select_providers(backend: str) -> tuple[list[str], list[str], tuple[bool, st
     return provs, notes, (rt_ok, rt_why)
 
 
-def _gen_backend_torch(model):
-    """The Python generation loop (generate.generate) on the PyTorch model."""
-    from ...reference.generate import TorchBackend, generate
-
-    return lambda prompt, cfg: generate(TorchBackend(model), prompt, cfg)
-
-
 def open_provider(prov: str, gguf: Path, threads: int, max_block: int | None = None):
     """(logit provider, generation function) of one GGUF; the runtime's batch holds a block
     of ``max_block`` (the sampling's block size, up to 1024)."""
-    if prov == "reference-dequant":
+    from ...generation.loader import RuntimeGenerator, TorchGenerator
+
+    if prov == "reference-dequant":  # the Python generation loop on the dequantized weights
         qm = bk.load_dequantized(gguf)
-        return bk.TorchProvider(qm, prov), _gen_backend_torch(qm)
+        return bk.TorchProvider(qm, prov), TorchGenerator(qm).generate
     rt = bk.open_runtime(gguf, threads, max_block=max_block)
     # the runtime's own C++ generation loop (clover_generate), as users run it
-    return bk.RuntimeProvider(rt), lambda prompt, cfg: rt.generate(prompt, cfg)
+    return bk.RuntimeProvider(rt), RuntimeGenerator(rt).generate
 
 
 # ---- reference logits (load or compute) ---------------------------------------------------
@@ -473,7 +468,9 @@ class GenerationAgreement:
         self.schedules = schedules(B, opts.steps, opts.threshold)
         self.prompts, self.reference = prompts, {}
         if opts.enabled:
-            self.reference = run_generation(_gen_backend_torch(ref_model), self.prompts, self.cfg, self.schedules)
+            from ...generation.loader import TorchGenerator
+
+            self.reference = run_generation(TorchGenerator(ref_model).generate, self.prompts, self.cfg, self.schedules)
 
     def wanted(self, provider: str) -> bool:
         return self.opts.enabled and (self.opts.providers is None or provider in self.opts.providers)

@@ -4,10 +4,8 @@ generation config."""
 
 from __future__ import annotations
 
-import re
-
 from ...reference.generate import GenerationConfig
-from ...tokenizer import END_TOOL_CALL, TOOL_CALL
+from ...tokenizer import END_TOOL_CALL, tool_call_sections
 
 IM_END = "<|im_end|>"
 BLOCK_CLASSES = ("call", "prose", "think")
@@ -17,7 +15,7 @@ def token_labels(pieces: list[str], thinking: bool) -> list[str]:
     """call / think / prose / end for each generated token (by where its text starts): inside a
     `<tool_call>` section, inside the think block, elsewhere, or after the end of the turn."""
     text = "".join(pieces)
-    spans = [(m.start(), m.end(), "call") for m in re.finditer(re.escape(TOOL_CALL) + r".*?(" + re.escape(END_TOOL_CALL) + r"|$)", text, re.S)]  # fmt: skip
+    spans = [(i, len(text) if j is None else j + len(END_TOOL_CALL), "call") for i, _, j in tool_call_sections(text)]
     if thinking and text.lstrip().startswith("<think>"):
         spans.append((0, text.find("</think>") + len("</think>") if "</think>" in text else len(text), "think"))
     end = text.find(IM_END)

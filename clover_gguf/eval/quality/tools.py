@@ -27,12 +27,11 @@ Per file, provider and decoding mode (median and p10/p90 over --repeats, which n
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ...reference.generate import GenerationConfig
-from ...tokenizer import END_TOOL_CALL, TOOL_CALL
+from ...tokenizer import tool_call_sections
 from .metrics import spread
 from .tool_blocks import BLOCK_CLASSES, IM_END, block_steps, gen_config, token_labels
 
@@ -99,35 +98,30 @@ class ReferenceDecoder:
     name, grammar = "reference-bf16", False
 
     def __init__(self, model_dir):
-        from ...tokenizer import CloverTokenizer
-        from .backends import load_reference
+        from ...generation.loader import load
 
-        self.model = load_reference(model_dir)
-        self.tok = CloverTokenizer.from_dir(model_dir)
-        self.block_size = self.model.config.block_size
+        self.gen = load(model_dir)
+        self.tok = self.gen.tokenizer
+        self.block_size = self.gen.block_size
         self.eos, self.mask = self.tok.eos_id, self.tok.mask_id
 
     def prompt(self, turn: dict) -> list[int]:
         from ...train.transcripts import render_prompt
 
         schemas = {t["function"]["name"]: t for t in turn["tools"]}
-        return self.tok.encode(render_prompt(self.tok, turn["transcript"], turn["k"], schemas))
+        return self.gen.tokenize(render_prompt(self.tok, turn["transcript"], turn["k"], schemas))
 
     def backend(self):
-        from ...reference.generate import TorchBackend
-
-        return TorchBackend(self.model)
+        return self.gen.logits_backend()
 
     def generate(self, ids, cfg: GenerationConfig, on_block=None):
-        from ...reference.generate import generate
-
-        return generate(self.backend(), ids, cfg, on_block)
+        return self.gen.generate(ids, cfg, on_block)
 
     def text(self, ids) -> str:
-        return self.tok.decode(ids)
+        return self.gen.detokenize(ids)
 
     def token_id(self, s: str):
-        return self.tok.token_to_id(s)
+        return self.gen.token_id(s)
 
 
 class RuntimeDecoder:
@@ -136,33 +130,31 @@ class RuntimeDecoder:
     name, grammar = "runtime", True
 
     def __init__(self, gguf, threads=None):
-        from .backends import open_runtime
+        from ...generation.loader import load
+        from ...util import default_threads
 
-        self.rt = open_runtime(gguf, threads)
-        self.block_size = self.rt.default_block_size
-        self.eos, self.mask = self.rt.eos_token_id, self.rt.mask_token_id
+        self.gen = load(gguf, threads=threads or default_threads())
+        self.block_size = self.gen.block_size
+        self.eos, self.mask = self.gen.eos_token_id, self.gen.mask_token_id
 
     def prompt(self, turn: dict) -> list[int]:
         msgs = turn["transcript"]["messages"][: turn["k"]]
-        text = self.rt.chat_prompt(msgs, enable_thinking=turn["thinking"], tools=turn["tools"])
-        return self.rt.tokenize(text)
+        return self.gen.tokenize(self.gen.chat_prompt(msgs, enable_thinking=turn["thinking"], tools=turn["tools"]))
 
     def backend(self):
-        from ...runtime.runtime import RuntimeBackend
-
-        return RuntimeBackend(self.rt)
+        return self.gen.logits_backend()
 
     def generate(self, ids, cfg: GenerationConfig, on_block=None):
-        return self.rt.generate(ids, cfg, on_block)
+        return self.gen.generate(ids, cfg, on_block)
 
     def text(self, ids) -> str:
-        return self.rt.detokenize(ids)
+        return self.gen.detokenize(ids)
 
     def token_id(self, s: str):
-        return self.rt.token_id(s)
+        return self.gen.token_id(s)
 
     def close(self):
-        self.rt.close()
+        self.gen.close()
 
 
 # ----------------------------------------------------------------------------- reading replies
@@ -183,8 +175,8 @@ def parse_sections(content: str, tools: list[dict]) -> list[dict]:
     from ...train.toolset import schema_errors
 
     out = []
-    for m in re.finditer(re.escape(TOOL_CALL) + r"(.*?)(" + re.escape(END_TOOL_CALL) + r"|$)", content, re.S):
-        inner, closed = m.group(1).strip(), bool(m.group(2))
+    for _, body, end in tool_call_sections(content):
+        inner, closed = content[body:end].strip(), end is not None
         s = {"closed": closed, "json": False, "schema": False, "name": None, "arguments": None}
         try:
             obj = json.loads(inner) if closed else None

@@ -2,10 +2,10 @@
 """Fuzz `clover-gguf serve` with mutated requests: every answer must be a 2xx or a 4xx, never a
 5xx, a hang, a broken connection or the server's death.
 
-    python scripts/fuzz_server.py --requests 400                 # the CI campaign (about a minute)
-    python scripts/fuzz_server.py --requests 5000 --seed 7       # a long one (on a quiet machine)
-    python scripts/fuzz_server.py --url http://127.0.0.1:8080 --api-key KEY --requests 100
-    python scripts/fuzz_server.py --replay out/fuzz-server       # the kept requests again
+    python tests/fuzz/fuzz_server.py --requests 1500             # the CI campaign (scripts/test.sh)
+    python tests/fuzz/fuzz_server.py --requests 5000 --seed 7    # a long one (on a quiet machine)
+    python tests/fuzz/fuzz_server.py --url http://127.0.0.1:8080 --api-key KEY --requests 100
+    python tests/fuzz/fuzz_server.py --replay out/fuzz-server    # the kept requests again
 
 Without --url it converts models/clover-tiny (bf16) and starts `clover-gguf serve` on a free
 loopback port (--parallel 2, -c 2048, --n-predict 32 so that no accepted request generates long;
@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KEEP = REPO / "out" / "fuzz-server"
 API_KEY = "fuzz-key"
 SERVER_ARGS = ("-t", "1", "--parallel", "2", "-c", "2048", "--n-predict", "32", "--ctx-cache", "8")

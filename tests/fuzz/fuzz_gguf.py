@@ -2,9 +2,9 @@
 """Fuzz the loaders and the generation of a Clover GGUF: llama-clover-cli and the Python side
 (inspect, the GGUF reader, CloverRuntime), on mutants of two small valid files.
 
-    python scripts/fuzz_gguf.py --iterations 130               # the CI campaign (fails on any finding)
-    python scripts/fuzz_gguf.py --iterations 5000 --seed 7     # a long one
-    python scripts/fuzz_gguf.py --replay tests/data/fuzz       # the kept inputs again
+    python tests/fuzz/fuzz_gguf.py --iterations 130            # the CI campaign (fails on any finding)
+    python tests/fuzz/fuzz_gguf.py --iterations 5000 --seed 7  # a long one
+    python tests/fuzz/fuzz_gguf.py --replay tests/data/fuzz    # the kept inputs again
 
 Two base files: ``spec`` (the spec's random-clover, converted with the default recipe, run on
 prompt ids) and ``tiny`` (clover-tiny: the real BPE vocabulary, merges and chat template, run on
@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KEEP = REPO / "tests" / "data" / "fuzz"
 PROMPT_IDS = "1,2,3,4,5,6,7,8,9,10,11"
 TEXT_PROMPT = "def fibonacci(n):"
@@ -645,14 +645,15 @@ def _expected(base: Base, cli: Path, py: PythonWorker, timeout: float) -> None:
 
 
 def campaign(iterations: int, seed: int, keep: Path | None, timeout: float = TIMEOUT, log=print,
-             tiny_share: float = 0.25) -> Tally:  # fmt: skip
+             tiny_share: float = 0.25, base_dir: Path | None = None) -> Tally:  # fmt: skip
+    """base_dir: where base_files finds (or converts) the bases; default the campaign's temp folder."""
     cli = find_cli()
     tally = Tally()
     rng = random.Random(seed)
     py = PythonWorker()
     with tempfile.TemporaryDirectory(prefix="clover-fuzz-") as td:
         tmp = Path(td)
-        bases = {k: load_base(k, p) for k, p in base_files(tmp).items()}
+        bases = {k: load_base(k, p) for k, p in base_files(base_dir or tmp).items()}
         for b in bases.values():
             _expected(b, cli, py, timeout)
         t0 = time.time()
