@@ -179,7 +179,7 @@ def _commands(src: Source, o: Option, out_name: str) -> dict:
     if o.types is None:
         gguf, conv = str(src.path), None
     else:
-        gguf = out_name.replace(".gguf", f"-{o.types.short().split(',')[0].split()[1].replace('/', '-')}.gguf")
+        gguf = out_name.replace(".gguf", f"-{o.types.experts_tag()}.gguf")
         conv = convert_line(src, o.types, gguf)
     run = ["clover-gguf", "run", gguf, "-ngl", "99"]
     cli = ["llama-clover-cli", "-m", gguf, "-ngl", "-1"]

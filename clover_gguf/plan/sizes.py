@@ -106,12 +106,10 @@ class GroupTypes:
     def __getitem__(self, g: str) -> str:
         return dict(self.types)[g]
 
-    def short(self) -> str:
+    def experts_tag(self) -> str:
+        """The experts' types as a file-name part: q4_k, or q4_k-q6_k when down differs."""
         d = dict(self.types)
-        ex = d["experts_gate_up"] + ("" if d["experts_down"] == d["experts_gate_up"] else f"/{d['experts_down']}")
-        rest = [d[g] for g in GROUPS[2:]]
-        same = all(r == rest[0] for r in rest)
-        return f"experts {ex}, rest {rest[0] if same else ', '.join(f'{g} {d[g]}' for g in GROUPS[2:])}"
+        return d["experts_gate_up"] + ("" if d["experts_down"] == d["experts_gate_up"] else f"-{d['experts_down']}")
 
     def convert_options(self) -> list[str]:
         """--experts/--outtype/--tensor-type options that give exactly these types (each override
