@@ -638,8 +638,6 @@ def agent_cmd(
             api_key=api_key,
             log=lambda m: click.echo(m, err=True),
         )
-    except RuntimeError as e:  # a server's failure, as agent.py/throughput.py word it (not a CloverError yet)
-        raise click.ClickException(str(e)) from None
     except OpenAIError as e:
         raise click.ClickException(f"{type(e).__name__} from {url or 'the server'}: {e}") from None
     click.echo(f"wrote {Path(out_dir) / 'report.md'}")
@@ -691,8 +689,6 @@ def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, step
             server_args=tuple(srv),
             log=lambda m: click.echo(m, err=True),
         )
-    except RuntimeError as e:  # a server's failure, as agent.py/throughput.py word it (not a CloverError yet)
-        raise click.ClickException(str(e)) from None
     except OpenAIError as e:
         raise click.ClickException(f"{type(e).__name__} from the server: {e}") from None
     click.echo(f"wrote {Path(out_dir) / 'throughput.md'}")

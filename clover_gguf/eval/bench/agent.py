@@ -29,6 +29,7 @@ from ...outputs import write_json
 from ...util import EVALDATA
 from ..quality.metrics import spread
 from ..render.agent import render_agent
+from . import BenchError
 
 AGENT_TRACES = EVALDATA / "agent"
 TOOLS = ("list_files", "read_file", "grep", "run", "edit")
@@ -144,7 +145,7 @@ def chat_turn(client, model: str, messages: list[dict], max_tokens: int, clover:
             usage = ch.usage.model_dump()
     t_end = time.perf_counter()
     if usage is None or "clover" not in usage:
-        raise RuntimeError("the server sent no usage with clover statistics: is it `clover-gguf serve`?")
+        raise BenchError("the server sent no usage with clover statistics: is it `clover-gguf serve`?")
     return {"t0": t0, "t_first": t_first or t_end, "t_end": t_end, "content": "".join(parts), "usage": usage,
             "events": events, "finish_reason": finish}  # fmt: skip
 

@@ -35,6 +35,7 @@ from ...constants import DEFAULT_THRESHOLD
 from ...outputs import write_json
 from ...util import REPO_ROOT
 from ..quality.metrics import spread
+from . import BenchError
 
 SWEEP_PARAMS = ("block_size", "threshold", "steps", "prompt_len", "max_new_tokens")
 SWEEP_RANGES = {
@@ -229,7 +230,7 @@ def _spawn(spec: dict, timeout: float) -> dict:
     finally:
         os.unlink(p)
     if r.returncode != 0:
-        raise RuntimeError(f"speed worker failed ({spec['backend']} {spec['path']}):\n{r.stderr[-2000:]}")
+        raise BenchError(f"speed worker failed ({spec['backend']} {spec['path']}):\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

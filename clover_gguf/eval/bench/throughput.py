@@ -20,6 +20,7 @@ from pathlib import Path
 from ...outputs import write_json
 from ..quality.metrics import spread
 from ..render.throughput import render_throughput
+from . import BenchError
 
 PROMPTS = [
     "def add(a, b):\n",
@@ -82,7 +83,7 @@ def one_run(client, model: str, n_clients: int, requests: int, max_tokens: int, 
         t.join()
     wall = time.perf_counter() - t0
     if errors:
-        raise RuntimeError(errors[0])
+        raise BenchError(errors[0])
     return {
         "wall_s": wall,
         "completion_tokens": tokens[0],

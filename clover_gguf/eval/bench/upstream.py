@@ -14,6 +14,7 @@ from gguf.gguf_writer import WriterState
 
 from ...constants import ARCH, Keys
 from ...outputs import output_file
+from . import BenchError
 
 TWIN_ARCH = "qwen3moe"
 # Clover keys with the same meaning in qwen3moe (suffix after "{arch}.")
@@ -83,11 +84,11 @@ class Upstream:
         mp.n_gpu_layers = n_gpu_layers
         self.model = lc.llama_model_load_from_file(str(gguf).encode(), mp)
         if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {gguf}")
+            raise BenchError(f"llama.cpp could not load {gguf}")
         cp = B.context_params(self.lib, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=n_threads)
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
-            raise RuntimeError(f"llama.cpp could not create a context for {gguf}")
+            raise BenchError(f"llama.cpp could not create a context for {gguf}")
         self.mem = lc.llama_get_memory(self.ctx)
         self.n_batch = n_batch
 
@@ -113,7 +114,7 @@ class Upstream:
             b.n_tokens = n
             rc = lc.llama_decode(self.ctx, b)
             if rc != 0:
-                raise RuntimeError(f"llama_decode failed ({rc})")
+                raise BenchError(f"llama_decode failed ({rc})")
             lc.llama_synchronize(self.ctx)
         finally:
             lc.llama_batch_free(b)
