@@ -1,6 +1,6 @@
 """clover-tiny's model card (models/clover-tiny/README.md) from its train_log.json: the
 architecture, data, training, the quality targets (train/model_checks.py) and how to reproduce
-it. Written by scripts/train_clover_tiny.py (after training, or alone with --card-only)."""
+it. Written by train/run.py for scripts/train_clover_tiny.py (after training, or alone with --card-only)."""
 
 from __future__ import annotations
 
