@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..outputs import write_text
+
 
 def run_commands(log: dict) -> list[str]:
     """The command of each part of a resumed run (log["runs"]), else the one command."""
@@ -189,9 +191,7 @@ def write_model_card(out: Path, log: dict) -> Path:
         *quality_section(log.get("final", {})),
         *reproduce_section(log),
     ]
-    path = out / "README.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_text(Path(out) / "README.md", "\n".join(lines))
 
 
 def param_counts(log: dict) -> tuple[int, int | None]:
