@@ -1,6 +1,6 @@
 """clover-tiny's model card (models/clover-tiny/README.md) from its train_log.json: the
 architecture, data, training, the quality targets (train/model_checks.py) and how to reproduce
-it. Written by scripts/train_clover_tiny.py (after training, or alone with --card-only)."""
+it. Written by train/run.py for scripts/train_clover_tiny.py (after training, or alone with --card-only)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import numpy as np
+
+from ..outputs import write_text
 
 
 def run_commands(log: dict) -> list[str]:
@@ -189,9 +191,7 @@ def write_model_card(out: Path, log: dict) -> Path:
         *quality_section(log.get("final", {})),
         *reproduce_section(log),
     ]
-    path = out / "README.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_text(Path(out) / "README.md", "\n".join(lines))
 
 
 def param_counts(log: dict) -> tuple[int, int | None]:

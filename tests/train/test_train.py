@@ -1,4 +1,4 @@
-"""Block-diffusion training (clover_gguf/train.py): batch layout, the NELBO, a few steps."""
+"""Block-diffusion training (clover_gguf/train/trainer.py): batch layout, the NELBO, a few steps."""
 
 from __future__ import annotations
 
