@@ -92,7 +92,26 @@ def load_turns(path=None, limit: int | None = None) -> tuple[list[dict], dict]:
 # ----------------------------------------------------------------------------- decoders
 
 
-class ReferenceDecoder:
+class _Decoder:
+    """What both decoders hand to the generation loader's model (``self.gen``)."""
+
+    def backend(self):
+        return self.gen.logits_backend()
+
+    def generate(self, ids, cfg: GenerationConfig, on_block=None):
+        return self.gen.generate(ids, cfg, on_block)
+
+    def text(self, ids) -> str:
+        return self.gen.detokenize(ids)
+
+    def token_id(self, s: str):
+        return self.gen.token_id(s)
+
+    def close(self):
+        self.gen.close()
+
+
+class ReferenceDecoder(_Decoder):
     """The PyTorch reference on a BF16 model folder, its tokenizer and chat template."""
 
     name, grammar = "reference-bf16", False
@@ -111,20 +130,8 @@ class ReferenceDecoder:
         schemas = {t["function"]["name"]: t for t in turn["tools"]}
         return self.gen.tokenize(render_prompt(self.tok, turn["transcript"], turn["k"], schemas))
 
-    def backend(self):
-        return self.gen.logits_backend()
 
-    def generate(self, ids, cfg: GenerationConfig, on_block=None):
-        return self.gen.generate(ids, cfg, on_block)
-
-    def text(self, ids) -> str:
-        return self.gen.detokenize(ids)
-
-    def token_id(self, s: str):
-        return self.gen.token_id(s)
-
-
-class RuntimeDecoder:
+class RuntimeDecoder(_Decoder):
     """A GGUF through the llama.cpp runtime, with the GGUF's own chat template."""
 
     name, grammar = "runtime", True
@@ -140,21 +147,6 @@ class RuntimeDecoder:
     def prompt(self, turn: dict) -> list[int]:
         msgs = turn["transcript"]["messages"][: turn["k"]]
         return self.gen.tokenize(self.gen.chat_prompt(msgs, enable_thinking=turn["thinking"], tools=turn["tools"]))
-
-    def backend(self):
-        return self.gen.logits_backend()
-
-    def generate(self, ids, cfg: GenerationConfig, on_block=None):
-        return self.gen.generate(ids, cfg, on_block)
-
-    def text(self, ids) -> str:
-        return self.gen.detokenize(ids)
-
-    def token_id(self, s: str):
-        return self.gen.token_id(s)
-
-    def close(self):
-        self.gen.close()
 
 
 # ----------------------------------------------------------------------------- reading replies
