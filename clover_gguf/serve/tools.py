@@ -248,26 +248,23 @@ class CallStreamer:
 
     def feed(self, delta: str, last: bool = False) -> tuple[str, list[dict]]:
         self.buf += delta
-        out, calls = [], []
-        while True:
-            sections = tool_call_sections(self.buf)
-            if not sections:
-                break
-            i, body, j = sections[0]
-            if j is None:
-                keep = len(self.buf[:i].rstrip("\n"))
-                out.append(self.buf[:keep])
+        out, calls, pos = [], [], 0
+        for i, body, j in tool_call_sections(self.buf):  # one scan of the buffer, sections in order
+            if j is None:  # still open: hold it back, and the newlines before it
+                keep = pos + len(self.buf[pos:i].rstrip("\n"))
+                out.append(self.buf[pos:keep])
                 self.buf = self.buf[keep:]
                 return self._content(out), calls
             call = _call(self.buf[body:j].strip())
             end = j + len(END_TOOL_CALL)
             if call is None:
-                out.append(self.buf[:end])
+                out.append(self.buf[pos:end])
             else:
-                out.append(self.buf[:i].rstrip("\n") if not calls and self.n_calls == 0 else "")
+                out.append(self.buf[pos:i].rstrip("\n") if not calls and self.n_calls == 0 else "")
                 calls.append({"index": self.n_calls, **call})
                 self.n_calls += 1
-            self.buf = self.buf[end:]
+            pos = end
+        self.buf = self.buf[pos:]
         if last:
             out.append(self.buf)
             self.buf = ""
