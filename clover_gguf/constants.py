@@ -68,7 +68,7 @@ class Keys:
     EXPERT_GATING_FUNC = "{arch}.expert_gating_func"  # 1 = softmax (llama.cpp enum)
     # Clover's own
     DIFFUSION_BLOCK_SIZE = "{arch}.diffusion.block_size"  # default decoding block B
-    CONV_KERNEL = "{arch}.conv.kernel_size"  # K_c of the right-context conv
+    CONV_KERNEL = "{arch}.ssm.conv_kernel"  # K_c of the right-context conv (the SSM family's key)
     MEMORY_L2NORM_EPS = "{arch}.memory.l2norm_epsilon"  # eps of l2norm on q/k
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"
@@ -172,7 +172,7 @@ LAYER_TENSORS = (
     TensorSpec(_L + "self_attn.memory.key", "blk.{bid}.mem_key.weight", ("H", "D")),
     TensorSpec(_L + "self_attn.memory.calibration", "blk.{bid}.mem_calib.weight", ("H",)),
     # torch [d, 1, Kc] is stored squeezed as [d, Kc] (ggml ne [Kc, d], the ssm_conv layout)
-    TensorSpec(_L + "conv.weight", "blk.{bid}.conv1d.weight", ("d", "1", "Kc"), "conv"),
+    TensorSpec(_L + "conv.weight", "blk.{bid}.ssm_conv1d.weight", ("d", "1", "Kc"), "conv"),
     TensorSpec(_L + "conv.scale", "blk.{bid}.conv_scale.weight", ("d",)),
     TensorSpec(_L + "post_attention_layernorm.weight", "blk.{bid}.ffn_norm.weight", ("d",)),
     TensorSpec(_L + "mlp.gate.weight", "blk.{bid}.ffn_gate_inp.weight", ("E", "d")),
@@ -230,7 +230,7 @@ TENSOR_GROUPS: dict[str, str] = {
 
 # 2-D tensors the llama.cpp runtime uses as element-wise / ssm_conv operands: always F32
 # (1-D tensors are always F32 too). The converter ignores --tensor-type for them.
-RUNTIME_F32_TENSORS = r"^blk\.\d+\.(conv1d|mem_key)\.weight$"
+RUNTIME_F32_TENSORS = r"^blk\.\d+\.(ssm_conv1d|mem_key)\.weight$"
 
 
 def tensor_group(gguf_name: str) -> str:

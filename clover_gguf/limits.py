@@ -95,7 +95,7 @@ LIMITS: tuple[Limit, ...] = (
     Limit("expert_feed_forward_length", "moe_intermediate_size", 1, 1 << 20),
     Limit("expert_shared_feed_forward_length", "shared_expert_intermediate_size", 1, 1 << 20),
     Limit("diffusion.block_size", "block_size", 1, 1024),
-    Limit("conv.kernel_size", "conv_kernel_size", 1, 64),
+    Limit("ssm.conv_kernel", "conv_kernel_size", 1, 64),
     Limit("memory.l2norm_epsilon", None, 0.0, 1.0, integer=False, lo_open=True),
 )
 BY_GGUF = {lim.gguf: lim for lim in LIMITS}

@@ -219,7 +219,7 @@ def build_plan(ck: Checkpoint, rules: TypeRules, imatrix=None, backend: str = "a
     if unused:
         raise ConvertError(
             f"--tensor-type {unused[0]!r} matches no tensor whose type it can set "
-            "(1-D tensors, conv1d and mem_key stay F32; the first matching override wins)"
+            "(1-D tensors, ssm_conv1d and mem_key stay F32; the first matching override wins)"
         )
     return Plan(ck.config, ck.layout, rules, entries, ck.dir)
 

@@ -168,7 +168,7 @@ _REQUIRED = {
     "expert_feed_forward_length",
     "expert_shared_feed_forward_length",
     "diffusion.block_size",
-    "conv.kernel_size",
+    "ssm.conv_kernel",
 }
 
 
@@ -278,7 +278,7 @@ def config_from_reader(r: GGUFReader, path="GGUF") -> CloverConfig:
         num_experts_per_tok=v["expert_used_count"],
         moe_intermediate_size=v["expert_feed_forward_length"],
         shared_expert_intermediate_size=v["expert_shared_feed_forward_length"],
-        conv_kernel_size=v["conv.kernel_size"],
+        conv_kernel_size=v["ssm.conv_kernel"],
         block_size=v["diffusion.block_size"],
         # float32 metadata: restore the usual decimal values (1e-06 rather than 9.99999997e-07)
         rms_norm_eps=float(f"{v['attention.layer_norm_rms_epsilon']:.7g}"),

@@ -116,7 +116,7 @@ def test_metadata(vec_gguf):
     assert f[Keys.SOURCE_CONFIG_SHA256] and f[Keys.TOOL_VERSION] and "q4_k" in f[Keys.RECIPE]
     assert f[Keys.GENERAL_SIZE_LABEL] and f[Keys.GENERAL_NAME] == "random-clover"
     r = GGUFReader(vec_gguf["per_expert"])
-    conv = [t for t in r.tensors if t.name == "blk.0.conv1d.weight"][0]
+    conv = [t for t in r.tensors if t.name == "blk.0.ssm_conv1d.weight"][0]
     assert list(conv.shape) == [4, 64]  # ggml ne [K, d]
     exps = [t for t in r.tensors if t.name == "blk.0.ffn_down_exps.weight"][0]
     assert list(exps.shape) == [32, 64, 4]  # ggml ne [F, d, E]
@@ -153,7 +153,7 @@ def test_tensor_type_overrides_first_match_wins(tmp_path):
     assert t["blk.0.attn_norm.weight"] == "f32"  # 1-D stays F32
     assert t["blk.0.ffn_gate_inp.weight"] == "f32"  # router
     assert t["blk.0.ssm_beta.weight"] == "f32"  # memory gate (default)
-    assert t["blk.0.conv1d.weight"] == "f32"  # the runtime needs these F32: overrides ignored
+    assert t["blk.0.ssm_conv1d.weight"] == "f32"  # the runtime needs these F32: overrides ignored
     assert t["blk.0.mem_key.weight"] == "f32"
     assert t["blk.0.ssm_alpha.weight"] == "bf16"  # a matmul weight: may be overridden
     assert t["token_embd.weight"] == "q8_0" and t["output.weight"] == "q8_0"
@@ -164,7 +164,7 @@ def test_tensor_type_overrides_first_match_wins(tmp_path):
     [
         (["nothing_is_called_this=q8_0"], "nothing_is_called_this=q8_0"),
         (["attn_norm=q8_0"], "attn_norm=q8_0"),  # 1-D: always F32
-        (["conv1d=q8_0"], "conv1d=q8_0"),  # the runtime needs F32
+        (["ssm_conv1d=q8_0"], "ssm_conv1d=q8_0"),  # the runtime needs F32
         (["mem_key=q8_0"], "mem_key=q8_0"),
         (["ffn_down_exps=f16", r"blk\.0\.ffn_down_exps=bf16"], r"blk\.0\.ffn_down_exps=bf16"),  # shadowed
     ],
