@@ -46,3 +46,19 @@ def test_series_hash_changes_with_content(tmp_path):
     h1 = rb.series_hash([a, b])
     b.write_text("z")
     assert rb.series_hash([a, b]) != h1
+
+
+def test_series_log_is_for_the_committed_series():
+    """scripts/check_series.sh built every prefix of exactly these patches and each passed:
+    change the series, run the script again (patches/README.md)."""
+    import re
+
+    summary = rb.PATCH_DIR.parent / "evaldata" / "series" / "summary.md"
+    text = summary.read_text()
+    m = re.search(r"^series: `([0-9a-f]{64})` \((\d+) patches\)$", text, re.M)
+    assert m, f"{summary}: no series line"
+    patches = rb.patch_series()
+    assert m.group(1) == rb.series_hash(patches), f"{summary} is for another series: run scripts/check_series.sh"
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert [r[1].strip() for r in rows] == [p.stem for p in patches]
+    assert all("FAIL" not in cell for r in rows for cell in r), [r for r in rows if any("FAIL" in c for c in r)]
