@@ -47,13 +47,13 @@ SUM="$OUT/summary.md"
 : > "$LOG"
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$LOG"; }
 
-# ---- inputs, made once by this checkout's converter
+# ---- inputs, made by this checkout's converter (every run: a converter change must show here)
 IN="$WORK/inputs"
 mkdir -p "$IN"
 conv() { # SRC NAME ARGS...
     local src="$1" name="$2"
     shift 2
-    [ -f "$IN/$name" ] || "$PY" -m clover_gguf.cli convert "$src" -o "$IN/$name" "$@" -q >> "$LOG" 2>&1
+    "$PY" -m clover_gguf.cli convert "$src" -o "$IN/$name" --force "$@" -q >> "$LOG" 2>&1
 }
 conv "$HERE/tests/data/spec-vectors/random-clover" vec-f32.gguf --recipe f32 \
     && conv "$HERE/models/clover-tiny" tiny-f32.gguf --recipe f32 \
@@ -62,7 +62,7 @@ conv "$HERE/tests/data/spec-vectors/random-clover" vec-f32.gguf --recipe f32 \
     && conv "$HERE/models/clover-tiny" tiny-q8-q4k.gguf --outtype q8_0 --experts q4_k --tensor-type attn_q=q4_k \
     || { log "could not convert the test inputs (see above)"; exit 2; }
 
-# ---- a fresh unpack as a git repository: one commit per applied patch
+# ---- a fresh unpack (unless --work holds one): the patches go on one by one with `git apply`
 SRC="$WORK/$SDIST_NAME/vendor/llama.cpp"
 if [ ! -d "$SRC" ]; then
     tar -xzf "$SDIST" -C "$WORK"
