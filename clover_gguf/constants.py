@@ -66,9 +66,9 @@ class Keys:
     EXPERT_SHARED_FEED_FORWARD_LENGTH = "{arch}.expert_shared_feed_forward_length"
     EXPERT_WEIGHTS_NORM = "{arch}.expert_weights_norm"
     EXPERT_GATING_FUNC = "{arch}.expert_gating_func"  # 1 = softmax (llama.cpp enum)
+    CONV_KERNEL = "{arch}.ssm.conv_kernel"  # K_c of the right-context conv (the SSM family's key)
     # Clover's own
     DIFFUSION_BLOCK_SIZE = "{arch}.diffusion.block_size"  # default decoding block B
-    CONV_KERNEL = "{arch}.ssm.conv_kernel"  # K_c of the right-context conv (the SSM family's key)
     MEMORY_L2NORM_EPS = "{arch}.memory.l2norm_epsilon"  # eps of l2norm on q/k
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"
