@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build llama.cpp after each patch of patches/ and run the tests that exist at that point.
 #
-#   scripts/check_series.sh [--out DIR] [--work DIR] [--from N]
+#   scripts/check_series.sh [--out DIR] [--work DIR]
 #
-# The committed patch files are applied one by one to a fresh unpack of the sdist (the same one
-# `llama_dev.sh` uses); after each, one build tree (incremental, ccache when installed) builds
-# the CPU targets that exist, then runs:
+# The committed patch files are applied one by one to a fresh unpack of the runtime's sdist
+# (`clover_gguf.runtime.build.fetch_sdist`: $CLOVER_GGUF_SDIST if set, else the cache); after each,
+# one build tree (incremental, ccache when installed) builds the CPU targets that exist, then runs:
 #   quantize   llama-quantize of clover-tiny F32 -> experts Q4_K, attn_q Q4_K, the rest Q8_0 (ssm_alpha/beta
 #              F32, as our converter keeps them), tensor for tensor equal to `clover-gguf convert` with
 #              those types                                          (once the arch exists)
@@ -20,26 +20,24 @@
 # Writes DIR/log.txt (every command's tail on failure) and DIR/summary.md, which names the series'
 # hash (tests/runtime/test_patches.py checks that it is the committed series'); exits non-zero when a
 # prefix fails to apply, build or pass. Default DIR: evaldata/series.
-# Environment: PYTHON (default .venv/bin/python, else python3), CLOVER_SDIST (see llama_dev.sh).
+# Environment: PYTHON (default .venv/bin/python, else python3).
+#
+#   bash scripts/check_series.sh                         # before committing a change to patches/
+#   CCACHE_DISABLE=1 bash scripts/check_series.sh        # from nothing (about 15 minutes on 2 cores)
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$HERE/evaldata/series"
 WORK=""
-FROM=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) OUT="$2"; shift 2 ;;
         --work) WORK="$2"; shift 2 ;;
-        --from) FROM="$2"; shift 2 ;;
-        *) sed -n '2,22p' "$0"; exit 2 ;;
+        *) sed -n '2,26p' "$0"; exit 2 ;;
     esac
 done
 PY="${PYTHON:-}"
 [ -n "$PY" ] || { [ -x "$HERE/.venv/bin/python" ] && PY="$HERE/.venv/bin/python" || PY=python3; }
-SDIST_NAME="llama_cpp_python-0.3.36"
-SDIST="${CLOVER_SDIST:-${CLOVER_CACHE:-/work/cache}/$SDIST_NAME.tar.gz}"
-[ -f "$SDIST" ] || { echo "check_series.sh: $SDIST not found (set CLOVER_SDIST)" >&2; exit 2; }
 [ -n "$WORK" ] || WORK="$(mktemp -d)"
 mkdir -p "$OUT" "$WORK"
 LOG="$OUT/log.txt"
@@ -62,13 +60,16 @@ conv "$HERE/tests/data/spec-vectors/random-clover" vec-f32.gguf --recipe f32 \
     && conv "$HERE/models/clover-tiny" tiny-q8-q4k.gguf --outtype q8_0 --experts q4_k --tensor-type attn_q=q4_k \
     || { log "could not convert the test inputs (see above)"; exit 2; }
 
-# ---- a fresh unpack (unless --work holds one): the patches go on one by one with `git apply`
+# ---- a fresh unpack and build tree (the unpack keeps the archive's file times, so an older build
+# tree would look current); the patches go on one by one with `git apply`
+SDIST="$("$PY" -c 'from clover_gguf.runtime.build import fetch_sdist; print(fetch_sdist())')" \
+    || { log "could not fetch the llama-cpp-python sdist"; exit 2; }
+SDIST_NAME="$(basename "$SDIST" .tar.gz)"
 SRC="$WORK/$SDIST_NAME/vendor/llama.cpp"
-if [ ! -d "$SRC" ]; then
-    tar -xzf "$SDIST" -C "$WORK"
-    rm -rf "$WORK/$SDIST_NAME/.git" "$SRC/.git" "$WORK/build" "$WORK"/applied-*
-fi
-BUILD="$WORK/build"  # a fresh unpack keeps the archive's file times: a build tree would look current
+BUILD="$WORK/build"
+rm -rf "$WORK/$SDIST_NAME" "$BUILD"
+tar -xzf "$SDIST" -C "$WORK"
+rm -rf "$WORK/$SDIST_NAME/.git" "$SRC/.git"
 LAUNCH=()
 command -v ccache > /dev/null && LAUNCH=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
@@ -153,15 +154,12 @@ k=0
 for p in "${PATCHES[@]}"; do
     k=$((k + 1))
     name="$(basename "$p" .patch)"
-    if [ -f "$WORK/applied-$k" ]; then continue; fi  # --work reused: already applied
     if ! (cd "$SRC" && git apply "$p") >> "$LOG" 2>&1; then
         log "$name: does not apply"
         echo "| $k | $name | FAIL | | | | | |" >> "$SUM"
         FAILED=1
         break
     fi
-    touch "$WORK/applied-$k"
-    [ $k -ge "$FROM" ] || continue
     log "$name"
     targets=(ggml llama test-backend-ops llama-quantize)
     [ -f "$SRC/tests/test-clover.cpp" ] && targets+=(test-clover)
