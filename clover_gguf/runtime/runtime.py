@@ -93,8 +93,6 @@ class CloverRuntime:
         self._state_sizes: dict[int, int] = {}
         self._nonfinite_diag: str | None = None
         self.last_perf: dict | None = None
-        # (temperature, sampler): the pick sampler attached to sequence 0 for block_candidates
-        self._pick: tuple[float, int] | None = None
 
     def _load_model(self, n_gpu_layers: int, experts_on_cpu: bool, cpu_tensors, mmap: bool):
         """llama_model_load_from_file with the placement asked for; RuntimeLoadError says why not."""
@@ -161,9 +159,6 @@ class CloverRuntime:
         if getattr(self, "ctx", None):
             lc.llama_free(self.ctx)
             self.ctx = None
-        if getattr(self, "_pick", None):
-            self._lib.llama_sampler_free(self._pick[1])
-            self._pick = None
         if getattr(self, "model", None):
             lc.llama_model_free(self.model)
             self.model = None
@@ -343,7 +338,6 @@ class CloverRuntime:
             raise ValueError(f"block of {L} > n_ubatch {self.n_ubatch}")
         out = np.empty((L, self.n_vocab), dtype=np.float32)
         ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        self._drop_pick()  # the rows' logits come to the host
         self._check(self._lib.clover_block_logits(self.ctx, B.token_ptr(block), L, ptr), "clover_block_logits")
         return out
 
@@ -483,7 +477,6 @@ class CloverRuntime:
         if n > self.n_seq_max:
             raise ValueError(f"{n} sequences > n_seq_max {self.n_seq_max}: create the runtime with n_seq_max >= {n}")
         cfgs = [c or GenerationConfig(block_size=self.default_block_size) for c in cfgs]
-        self._drop_pick()  # the batch attaches its own samplers
         run = _BatchRun(self, on_block)
         ended = run.ended  # sequences the last step ended
         first: dict[int, GenerationResult] = {}  # results of `prompts`
@@ -515,39 +508,19 @@ class CloverRuntime:
         self.last_perf = self.perf()
         return [first[i] for i in range(n)]
 
-    def _drop_pick(self) -> None:
-        """Detach block_candidates' sampler from sequence 0 (a sequence with a backend sampler
-        gets no logits). Each attachment re-reserves the context, so it stays attached between
-        block_candidates calls."""
-        if self._pick is not None:
-            self._lib.llama_set_sampler(self.ctx, 0, None)
-            self._lib.llama_sampler_free(self._pick[1])
-            self._pick = None
-
     def block_candidates(self, block, temperature: float, step_key: int) -> tuple[np.ndarray, np.ndarray]:
         """The device path of a denoising step: (candidate, confidence) of every masked
-        position of the block (other positions: -1 and nan), computed in the graph by the pick
-        sampler (clover_sampler_init_pick) attached to sequence 0."""
+        position of the block (other positions: -1 and nan), computed in the graph."""
         block = [int(t) for t in block]
         L = len(block)
         tok = np.full(L, -1, dtype=np.int32)
         conf = np.full(L, np.nan, dtype=np.float32)
-        temperature = float(temperature)
-        if self._pick is None or self._pick[0] != temperature:
-            self._drop_pick()
-            smpl = self._lib.clover_sampler_init_pick(self.model, temperature)
-            if not smpl:
-                raise RuntimeError_(f"clover_sampler_init_pick({temperature}) failed")
-            if not self._lib.llama_set_sampler(self.ctx, 0, smpl):
-                self._lib.llama_sampler_free(smpl)
-                raise RuntimeError_("llama_set_sampler: this backend cannot run the pick sampler")
-            self._pick = (temperature, smpl)
         self._check(
             self._lib.clover_block_candidates(
                 self.ctx,
-                self._pick[1],
                 B.token_ptr(block),
                 L,
+                float(temperature),
                 int(step_key),
                 tok.ctypes.data_as(ctypes.POINTER(B.llama_token)),
                 conf.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
