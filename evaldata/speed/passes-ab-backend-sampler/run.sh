@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# A/B of eval passes: old series (ff0a2a0 Python + patches 0001-0015 libs) vs new (HEAD + 0001-0017), alternating
+# A/B of eval passes as it ran: old = ff0a2a0 Python + patches 0001-0015 libs, new = patches/proposed
+# (0001-0018) with its Python; alternating runs given as arguments (old1 new1 ...). The paths
+# are the dev machine's: a worktree at ff0a2a0, a build of the old series, the work and out dirs.
 set -u
 W=/work/cache/ab/work
 run() { # tag pythonpath libpath
