@@ -77,6 +77,7 @@ clover_step_cb = ctypes.CFUNCTYPE(
 
 
 # clover.h's enum clover_status
+CLOVER_ERR_ARG = -1
 CLOVER_ERR_NONFINITE = -6
 CLOVER_MAX_TOP_PROBS = 64
 
@@ -151,7 +152,10 @@ class _Lib:
                     [ctx_p, tok_p, i32, clover_gen_params, tok_p, i32, clover_block_cb, clover_step_cb, vp],
                     i32,
                 ),
-                "clover_block_candidates": ([ctx_p, tok_p, i32, f32, u64, tok_p, ctypes.POINTER(f32)], i32),
+                "clover_sampler_init_pick": ([vp, f32], vp),
+                "clover_block_candidates": ([ctx_p, vp, tok_p, i32, u64, tok_p, ctypes.POINTER(f32)], i32),
+                "llama_set_sampler": ([ctx_p, i32, vp], ctypes.c_bool),
+                "llama_sampler_free": ([vp], None),
                 "clover_get_perf": ([ctx_p, ctypes.POINTER(clover_perf)], i32),
                 "clover_perf_reset": ([ctx_p], None),
                 "clover_batch_init": ([ctx_p], vp),
@@ -163,6 +167,7 @@ class _Lib:
                 "clover_batch_set_constraint": ([vp, i32, vp], i32),
                 "clover_batch_set_top_probs": ([vp, i32, i32], i32),
                 "clover_batch_set_block": ([vp, i32, tok_p, i32], i32),
+                "clover_batch_set_pick": ([vp, i32, vp], i32),
                 "clover_step_key": ([u64, i32, i32], u64),
                 "clover_row_key": ([u64, i32], u64),
             }
@@ -399,6 +404,7 @@ def context_params(
     p.n_seq_max = int(n_seq_max)
     p.n_threads = int(n_threads)
     p.n_threads_batch = int(n_threads_batch or n_threads)
+    p.n_outputs_max_per_seq = 0  # clover.h: a denoising step's rows all go through the pick sampler
     p.no_perf = True
     return p
 

@@ -354,7 +354,7 @@ def cmake_args(src: Path, build: Path, opts: BuildOptions) -> list[str]:
         "-DLLAMA_OPENSSL=OFF",
         "-DLLAMA_CURL=OFF",
         "-DLLAMA_BUILD_CLOVER=ON",  # tools/clover-cli (llama-clover-cli), from the patches
-        f"-DGGML_RPC={'ON' if opts.rpc else 'OFF'}",  # tools/rpc comes with clover-cli (patches/0005)
+        f"-DGGML_RPC={'ON' if opts.rpc else 'OFF'}",  # tools/rpc comes with clover-cli (patches/0007)
         # the libraries are copied next to each other (lib/, llama_cpp/lib) and the
         # programs to bin/: find them through $ORIGIN wherever they end up
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",

@@ -93,6 +93,9 @@ class CloverRuntime:
         self._state_sizes: dict[int, int] = {}
         self._nonfinite_diag: str | None = None
         self.last_perf: dict | None = None
+        # seq -> (temperature, sampler): the pick samplers attached to sequences; they stay
+        # attached across generations because each attachment re-reserves the context
+        self._picks: dict[int, tuple[float, int]] = {}
 
     def _load_model(self, n_gpu_layers: int, experts_on_cpu: bool, cpu_tensors, mmap: bool):
         """llama_model_load_from_file with the placement asked for; RuntimeLoadError says why not."""
@@ -159,6 +162,9 @@ class CloverRuntime:
         if getattr(self, "ctx", None):
             lc.llama_free(self.ctx)
             self.ctx = None
+        for _, smpl in getattr(self, "_picks", {}).values():
+            self._lib.llama_sampler_free(smpl)
+        self._picks = {}
         if getattr(self, "model", None):
             lc.llama_model_free(self.model)
             self.model = None
@@ -338,6 +344,7 @@ class CloverRuntime:
             raise ValueError(f"block of {L} > n_ubatch {self.n_ubatch}")
         out = np.empty((L, self.n_vocab), dtype=np.float32)
         ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        self._drop_pick(0)  # the rows' logits come to the host
         self._check(self._lib.clover_block_logits(self.ctx, B.token_ptr(block), L, ptr), "clover_block_logits")
         return out
 
@@ -508,19 +515,42 @@ class CloverRuntime:
         self.last_perf = self.perf()
         return [first[i] for i in range(n)]
 
+    def _drop_pick(self, seq: int) -> None:
+        """Detach sequence seq's pick sampler (a sequence with a backend sampler gets no logits)."""
+        if seq in self._picks:
+            self._lib.llama_set_sampler(self.ctx, seq, None)
+            self._lib.llama_sampler_free(self._picks.pop(seq)[1])
+
+    def _pick(self, seq: int, temperature: float) -> int:
+        """Sequence seq's pick sampler (clover_sampler_init_pick) at this temperature, attached."""
+        temperature = max(0.0, float(temperature))
+        if seq in self._picks and self._picks[seq][0] == temperature:
+            return self._picks[seq][1]
+        self._drop_pick(seq)
+        smpl = self._lib.clover_sampler_init_pick(self.model, temperature)
+        if not smpl:
+            raise RuntimeError_(f"clover_sampler_init_pick({temperature}) failed")
+        if not self._lib.llama_set_sampler(self.ctx, seq, smpl):
+            self._lib.llama_sampler_free(smpl)
+            raise RuntimeError_("llama_set_sampler: this backend cannot run the pick sampler")
+        self._picks[seq] = (temperature, smpl)
+        return smpl
+
     def block_candidates(self, block, temperature: float, step_key: int) -> tuple[np.ndarray, np.ndarray]:
         """The device path of a denoising step: (candidate, confidence) of every masked
-        position of the block (other positions: -1 and nan), computed in the graph."""
+        position of the block (other positions: -1 and nan), computed in the graph by the pick
+        sampler (clover_sampler_init_pick) attached to sequence 0."""
         block = [int(t) for t in block]
         L = len(block)
         tok = np.full(L, -1, dtype=np.int32)
         conf = np.full(L, np.nan, dtype=np.float32)
+        smpl = self._pick(0, temperature)
         self._check(
             self._lib.clover_block_candidates(
                 self.ctx,
+                smpl,
                 B.token_ptr(block),
                 L,
-                float(temperature),
                 int(step_key),
                 tok.ctypes.data_as(ctypes.POINTER(B.llama_token)),
                 conf.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
@@ -609,6 +639,12 @@ class _BatchRun:
             if fb:
                 rt._check(lib.clover_batch_set_block(batch, seq, B.token_ptr(fb), len(fb)), "clover_batch_set_block")
             q["n_max"] = max(c.max_new_tokens, len(fb))
+        # clover_seq::on_host (clover_batch_set_pick refuses a sequence this rule gets wrong)
+        if grammar or c.n_probs or (c.temperature > 0 and (c.top_k > 0 or 0 < c.top_p < 1)):
+            rt._drop_pick(seq)
+        else:
+            smpl = rt._pick(seq, c.temperature)
+            rt._check(lib.clover_batch_set_pick(batch, seq, smpl), "clover_batch_set_pick")
 
     def step(self, active: set[int], after_step: Callable[[int], bool] | None) -> int:
         """One denoising step of every unfinished sequence; returns the number of blocks

@@ -1,4 +1,4 @@
-"""llama.cpp's own converter knows Clover (patches/0014: gguf-py constants and
+"""llama.cpp's own converter knows Clover (patches/0016: gguf-py constants and
 conversion/clover.py): `convert_hf_to_gguf.py` on clover-tiny and on a fused-expert checkpoint
 writes the same tensors and `clover.*` / `tokenizer.*` keys as `clover-gguf convert`, llama-quantize
 makes the same Q4_K_M file of either, and llama-clover-cli generates the same tokens from both."""

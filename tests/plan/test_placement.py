@@ -136,7 +136,7 @@ def test_serve_fit_with_own_placement_is_one_line(tiny_gguf):
 
 
 def test_llama_clover_cli_fit(tiny_gguf):
-    """llama-clover-cli's own --fit (patches/0009): the same line as `clover-gguf run` on this build."""
+    """llama-clover-cli's own --fit (patches/0011): the same line as `clover-gguf run` on this build."""
     import subprocess
 
     from clover_gguf.runtime.build import runtime_paths

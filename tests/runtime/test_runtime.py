@@ -373,6 +373,50 @@ def test_batch_equals_alone(vec_gguf):
     assert perf["n_steps"] < sum(b.steps for r in together for b in r.blocks)
 
 
+def test_pick_samplers_stay_attached_across_generations(vec_gguf):
+    """Each sampler attachment re-reserves the context, so a sequence's pick sampler is attached
+    once and lent to every later batch (clover_batch_set_pick): the same sampler after three
+    generations and a block_candidates call; a host-path generation (top probabilities) takes it
+    off, and the tokens are the same either way."""
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    prompt = [3, 14, 15, 92, 65]
+    greedy = GenerationConfig(max_new_tokens=16, block_size=8, threshold=0.5)
+    with CloverRuntime(vec_gguf, n_threads=1, n_seq_max=2, n_ubatch=32) as rt:
+        first = rt.generate(prompt, greedy).tokens
+        smpl = rt._picks[0][1]
+        rt.block_candidates([rt.mask_token_id] * 8, 0.0, 7)
+        again = [rt.generate(prompt, greedy).tokens for _ in range(2)]
+        assert rt._picks[0][1] == smpl
+        hot = rt.generate(prompt, GenerationConfig(max_new_tokens=16, block_size=8, threshold=0.5, temperature=0.7))
+        assert rt._picks[0][0] == pytest.approx(0.7) and rt._picks[0][1] != smpl
+        probs = rt.generate(prompt, GenerationConfig(max_new_tokens=16, block_size=8, threshold=0.5, n_probs=2))
+        assert 0 not in rt._picks
+    assert again == [first, first] and probs.tokens == first and len(hot.tokens) > 0
+
+
+def test_lent_pick_must_match_the_sequence(vec_gguf):
+    """clover_batch_set_pick refuses a sampler the sequence would not use: a host-path sequence
+    (top-k at a temperature > 0) or another temperature."""
+    from clover_gguf.runtime import bindings as B
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    with CloverRuntime(vec_gguf, n_threads=1, n_seq_max=2, n_ubatch=32) as rt:
+        lib = rt._lib
+        batch = lib.clover_batch_init(rt.ctx)
+        try:
+            prompt = B.token_ptr([1, 2, 3])
+            topk = GenerationConfig(max_new_tokens=8, block_size=8, temperature=0.7, top_k=4)
+            assert lib.clover_batch_add(batch, 0, prompt, 3, rt.gen_params(topk), False) == 0
+            assert lib.clover_batch_set_pick(batch, 0, rt._pick(0, 0.7)) == B.CLOVER_ERR_ARG
+            plain = GenerationConfig(max_new_tokens=8, block_size=8, temperature=0.7)
+            assert lib.clover_batch_add(batch, 1, prompt, 3, rt.gen_params(plain), False) == 0
+            assert lib.clover_batch_set_pick(batch, 1, rt._pick(1, 0.5)) == B.CLOVER_ERR_ARG
+            assert lib.clover_batch_set_pick(batch, 1, rt._pick(1, 0.7)) == 0
+        finally:
+            lib.clover_batch_free(batch)
+
+
 def test_batch_mixes_block_lengths(vec_gguf):
     """Greedy sequences whose current blocks differ in length (a short last block, another block
     size) in the same steps: each block stays whole in its graph, so each sequence gives the tokens
