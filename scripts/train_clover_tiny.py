@@ -77,6 +77,13 @@ def step_options(ap) -> None:
     ap.add_argument("--warmup-steps", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument(
+        "--certainty",
+        type=float,
+        default=0.0,
+        help="add this weight times the entropy of masked positions whose argmax is already right "
+        "(certainty forcing: confidence for the threshold schedule); 0: the plain NELBO",
+    )
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--seq-tokens", type=int, default=256)
     ap.add_argument("--block-sizes", default="16,32,8")

@@ -65,6 +65,7 @@ def train_config(a) -> T.TrainConfig:
         chat_ratio=a.chat_ratio,
         chat_seq_tokens=a.chat_seq_tokens,
         export_every_min=a.export_every_min,
+        certainty=a.certainty,
     )
 
 

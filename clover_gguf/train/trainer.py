@@ -201,25 +201,36 @@ def sample_batch(
 # --- loss ----------------------------------------------------------------------------------
 
 
-def nelbo_from_logits(logits_sel: torch.Tensor, batch: Batch):
-    """logits at the masked positions (in `batch.masked` order) -> (loss, masked CE sum).
+def nelbo_from_logits(logits_sel: torch.Tensor, batch: Batch, certainty: float = 0.0):
+    """logits at the masked positions (in `batch.masked` order) -> (loss, masked CE, entropy).
 
     loss = sum_masked CE(logits, clean) / t_block, divided by the number of real tokens (of the
-    scored ones when the batch says which)."""
+    scored ones when the batch says which). certainty > 0 adds certainty * the entropy of each
+    masked position whose argmax is already the clean token (dParallel's certainty forcing,
+    arXiv 2509.26488): the threshold schedule unmasks a position once its top probability passes
+    the threshold, so confidence where the model is right is what lets a step unmask several."""
     target = batch.clean[batch.masked]
     w = (1.0 / batch.t)[..., None].expand_as(batch.masked)[batch.masked]
-    ce = F.cross_entropy(logits_sel.float(), target, reduction="none")
+    logits_sel = logits_sel.float()
+    ce = F.cross_entropy(logits_sel, target, reduction="none")
     loss = (ce * w).sum() / max(batch.n_scored, 1)
-    return loss, ce.detach()
+    logp = F.log_softmax(logits_sel, -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    if certainty > 0:
+        right = (logits_sel.argmax(-1) == target).float()
+        loss = loss + certainty * (ent * right).sum() / max(batch.n_scored, 1)
+    return loss, ce.detach(), ent.detach()
 
 
-def diffusion_loss(model: CloverModel, batch: Batch, autocast: bool = False):
-    """NELBO of a batch (nats/token) and stats: unweighted masked CE mean (nats)."""
+def diffusion_loss(model: CloverModel, batch: Batch, autocast: bool = False, certainty: float = 0.0):
+    """NELBO of a batch (nats/token), plus the certainty term when asked, and stats: unweighted
+    masked CE and entropy means (nats)."""
     with torch.autocast(batch.clean.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model.forward_train(batch.clean, batch.noisy, batch.pos, batch.valid, select=batch.masked)
-    loss, ce = nelbo_from_logits(logits, batch)
+    loss, ce, ent = nelbo_from_logits(logits, batch, certainty)
     return loss, {
         "masked_ce": float(ce.mean()) if ce.numel() else float("nan"),
+        "masked_entropy": float(ent.mean()) if ent.numel() else float("nan"),
         "n_masked": int(ce.numel()),
         "n_tokens": batch.n_tokens,
     }
@@ -349,6 +360,7 @@ class TrainConfig:
     chat_ratio: float = 0.0  # fraction of batches drawn from the chat transcripts (train(chat=...))
     chat_seq_tokens: int = 1280  # tokens per chat window, about (each starts where a transcript does)
     export_every_min: float = 0.0  # call train(export=...) this often (0: never)
+    certainty: float = 0.0  # weight of the entropy of masked positions already right (nelbo_from_logits)
     extra: dict = field(default_factory=dict)
 
 
@@ -426,7 +438,7 @@ class MasterWeights:
 def train_step(model, opt, batch: Batch, tc: TrainConfig, lr: float, master: MasterWeights | None = None):
     for g in opt.param_groups:
         g["lr"] = lr
-    loss, st = diffusion_loss(model, batch, autocast=tc.precision == "autocast")
+    loss, st = diffusion_loss(model, batch, autocast=tc.precision == "autocast", certainty=tc.certainty)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if master is not None:
@@ -636,6 +648,7 @@ def _step_record(step: int, tokens: int, time_s: float, st: dict, lr: float, B: 
         "time_s": round(time_s, 2),
         "loss": round(st["loss"], 4),
         "masked_ce": round(st["masked_ce"], 4),
+        "masked_entropy": round(st["masked_entropy"], 4),
         "lr": float(f"{lr:.4g}"),
         "B": B,
         "grad_norm": round(st["grad_norm"], 3),
@@ -646,7 +659,8 @@ def _progress_line(recent: list[dict], rec: dict, st: dict, lr: float, B: int, t
     """The log line of every log_every steps: means over `recent`, tok/s of compute."""
     return (
         f"step {rec['step']} tok {rec['tokens']} t {rec['time_s']:.0f}s loss {np.mean([r['loss'] for r in recent]):.4f} "
-        f"mce {np.mean([r['masked_ce'] for r in recent]):.4f} lr {lr:.2e} gn {st['grad_norm']:.2f} "
+        f"mce {np.mean([r['masked_ce'] for r in recent]):.4f} ent {np.mean([r.get('masked_entropy', np.nan) for r in recent]):.4f} "
+        f"lr {lr:.2e} gn {st['grad_norm']:.2f} "
         f"B {B} tok/s {tps:.0f}"
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 
 import pytest
 import torch
@@ -81,9 +82,31 @@ def test_nelbo_is_weighted_masked_ce_hand_case():
         -(0.0 - math.log(2 + math.exp(5))),
     ]
     want = (ce[0] / 0.5 + ce[1] / 0.25 + ce[2] / 1.0 + ce[3] / 1.0) / 7  # 7 real tokens
-    loss, ce_got = T.nelbo_from_logits(logits, b)
+    loss, ce_got, ent = T.nelbo_from_logits(logits, b)
     assert loss.item() == pytest.approx(want, rel=1e-6)
     assert ce_got.tolist() == pytest.approx(ce, rel=1e-6)
+    # certainty forcing: + weight * entropy of the rows whose argmax is the target (row 1 only:
+    # row 0's argmax is a tie resolved to 0, row 2's is 1, row 3's is 2), over the 7 real tokens
+    H = lambda r: -sum(p * math.log(p) for p in torch.softmax(torch.tensor(r), 0).tolist())  # noqa: E731
+    assert ent.tolist() == pytest.approx([H(r) for r in logits.tolist()], rel=1e-6)
+    forced, _, _ = T.nelbo_from_logits(logits, b, certainty=0.5)
+    assert forced.item() == pytest.approx(want + 0.5 * H(logits[1].tolist()) / 7, rel=1e-6)
+
+
+def test_certainty_term_sharpens_right_rows_only():
+    """A gradient step on the certainty term alone raises the top probability of a row whose
+    argmax is right and leaves a wrong row's logits untouched."""
+    b = types.SimpleNamespace(
+        clean=torch.tensor([[[0, 1]]]), masked=torch.tensor([[[True, True]]]), t=torch.tensor([[1.0]]), n_scored=2
+    )
+    logits = torch.tensor([[2.0, 1.0, 1.0], [2.0, 1.0, 1.0]], requires_grad=True)  # right, wrong
+    full, _, _ = T.nelbo_from_logits(logits, b, certainty=1.0)
+    plain, _, _ = T.nelbo_from_logits(logits, b)
+    (full - plain).backward()
+    with torch.no_grad():
+        after = logits - 1.0 * logits.grad
+    assert torch.softmax(after[0], 0)[0] > torch.softmax(logits[0], 0)[0]
+    assert logits.grad[1].abs().max() == 0
 
 
 def test_diffusion_loss_matches_full_logits():
