@@ -261,6 +261,7 @@ class LogCapture:
         for t in reversed(errors):
             if "error loading model: " in t:
                 why = t.split("error loading model: ", 1)[1]
+                why = why.removeprefix("error loading model hyperparameters: ")  # the clover validation's
                 if why.startswith("llama_model_loader: failed to load model from") and plain:
                     return plain[0]
                 return why
