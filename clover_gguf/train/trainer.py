@@ -211,13 +211,13 @@ def nelbo_from_logits(logits_sel: torch.Tensor, batch: Batch, certainty: float =
     the threshold, so confidence where the model is right is what lets a step unmask several."""
     target = batch.clean[batch.masked]
     w = (1.0 / batch.t)[..., None].expand_as(batch.masked)[batch.masked]
-    logits_sel = logits_sel.float()
-    ce = F.cross_entropy(logits_sel, target, reduction="none")
+    logp = F.log_softmax(logits_sel.float(), -1)  # once, for the CE and the entropy
+    ce = F.nll_loss(logp, target, reduction="none")
     loss = (ce * w).sum() / max(batch.n_scored, 1)
-    logp = F.log_softmax(logits_sel, -1)
-    ent = -(logp.exp() * logp).sum(-1)
+    with torch.set_grad_enabled(certainty > 0 and torch.is_grad_enabled()):  # else a statistic only
+        ent = -(logp.exp() * logp).sum(-1)
     if certainty > 0:
-        right = (logits_sel.argmax(-1) == target).float()
+        right = (logp.argmax(-1) == target).float()
         loss = loss + certainty * (ent * right).sum() / max(batch.n_scored, 1)
     return loss, ce.detach(), ent.detach()
 
