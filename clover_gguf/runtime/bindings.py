@@ -1,10 +1,11 @@
-"""ctypes bindings: the clover_* C API (clover.h, exported by the patched libllama) on top of
+"""ctypes bindings: the clover_* C API (clover.h, exported by libclover, the patches' generation
+library beside libllama: tools/clover-cli) on top of
 llama-cpp-python's own bindings (`llama_cpp.llama_cpp`: `_lib`, `ctypes_function`), plus the
 few llama_cpp pieces the runtime needs that 0.3.36 leaves unbound or typed as void*
 (tensor buffer-type overrides, the CPU buffer type).
 
 Importing this module loads libllama (through llama_cpp). `load()` raises RuntimeNotBuilt with
-the command to run when llama_cpp or the clover_* symbols are missing.
+the command to run when llama_cpp, libclover or its clover_* symbols are missing.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class llama_model_tensor_buft_override(ctypes.Structure):
 
 
 class _Lib:
-    """The bound functions: `lc` is llama_cpp.llama_cpp, the clover_* functions are attributes."""
+    """The bound functions: `lc` is llama_cpp.llama_cpp, the clover_* functions (libclover, next
+    to libllama) and the few llama_* ones llama_cpp leaves unbound are attributes."""
 
     def __init__(self):
         try:
@@ -118,6 +120,11 @@ class _Lib:
         self.lc = lc
         self.lib = lc._lib
         self.lib_path = Path(getattr(lc._lib, "_name", "") or "")
+        clover_path = self.lib_path.parent / "libclover.so"
+        try:
+            self.clover = ctypes.CDLL(str(clover_path))
+        except OSError as e:
+            raise RuntimeNotBuilt(f"{clover_path}: {e}; {HINT}") from None
         missing = []
         ctx_p, tok_p = ctypes.c_void_p, ctypes.POINTER(llama_token)
         sigs = {
@@ -173,7 +180,7 @@ class _Lib:
             }
         )
         for name, (argtypes, restype) in sigs.items():
-            fn = getattr(self.lib, name, None)
+            fn = getattr(self.clover if name.startswith("clover_") else self.lib, name, None)
             if fn is None:
                 missing.append(name)
                 continue
@@ -181,7 +188,7 @@ class _Lib:
             setattr(self, name, fn)
         if missing:
             raise RuntimeNotBuilt(
-                f"{self.lib_path} does not export {', '.join(missing)}: the "
+                f"{clover_path} or {self.lib_path.name} does not export {', '.join(missing)}: the "
                 f"installed llama-cpp-python is not the patched one; {HINT}"
             )
         self._cpu_buft = None

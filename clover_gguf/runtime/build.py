@@ -40,7 +40,7 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 DEFAULT_CUDA_ARCHS = "86;89;120;80;90;100"
-CPU_TARGETS = ("llama", "ggml", "llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize")
+CPU_TARGETS = ("llama", "ggml", "clover", "llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize")
 # llama-quantize: the reference the converter's quantized blocks are compared with (tests/convert)
 RPC_SERVER = "ggml-rpc-server"  # llama.cpp's tools/rpc (rpc-server), built with GGML_RPC
 BINARIES = ("llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize", RPC_SERVER)
@@ -434,12 +434,15 @@ def install_python_package(src: Path, build: Path) -> Path:
 
 
 def verify_install(require_clover: bool) -> dict:
-    """Import llama_cpp in a fresh interpreter and look up the clover_* symbols in libllama."""
+    """Import llama_cpp in a fresh interpreter and look up the clover_* symbols in libclover (the
+    generation library beside libllama)."""
     code = (
-        "import json, llama_cpp\nfrom llama_cpp.llama_cpp import _lib\n"
+        "import ctypes, json, pathlib, llama_cpp\nfrom llama_cpp.llama_cpp import _lib\n"
         f"syms = {list(CLOVER_SYMBOLS)!r}\n"
-        "print(json.dumps({'version': llama_cpp.__version__, 'lib': getattr(_lib, '_name', ''),"
-        " 'missing': [s for s in syms if not hasattr(_lib, s)]}))"
+        "p = pathlib.Path(getattr(_lib, '_name', '')).parent / 'libclover.so'\n"
+        "lib = ctypes.CDLL(str(p)) if p.exists() else None\n"
+        "print(json.dumps({'version': llama_cpp.__version__, 'lib': str(p),"
+        " 'missing': [s for s in syms if lib is None or not hasattr(lib, s)]}))"
     )
     env = dict(os.environ)
     env.pop("LLAMA_CPP_LIB_PATH", None)
@@ -448,7 +451,7 @@ def verify_install(require_clover: bool) -> dict:
         raise BuildError(f"`import llama_cpp` fails after the install:\n{r.stderr[-3000:]}")
     info = json.loads(r.stdout.strip().splitlines()[-1])
     if info["missing"]:
-        msg = f"libllama ({info['lib']}) does not export {', '.join(info['missing'])}"
+        msg = f"libclover ({info['lib']}) does not export {', '.join(info['missing'])}"
         if require_clover:
             raise BuildError(msg + " (is the patch series complete?)")
         _log("warning: " + msg + " (no patches applied?)")
@@ -640,7 +643,7 @@ def _install(dirs: RuntimeDirs, llama_lib: Path | None, reinstall: bool, require
     if needs:
         llama_lib = install_python_package(dirs.src, dirs.build)
     info = verify_install(require_clover=require_clover)
-    _log(f"llama_cpp {info['version']} imports; libllama: {info['lib']}")
+    _log(f"llama_cpp {info['version']} imports; libclover: {info['lib']}")
     return llama_lib
 
 

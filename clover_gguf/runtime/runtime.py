@@ -152,6 +152,7 @@ class CloverRuntime:
             self.model = None
             why = self._log.reason() or "no reason logged"
             raise RuntimeLoadError(_load_failure(self.path, f"cannot create a context ({why})", why))
+        self._lib.clover_perf_reset(ctx)  # libclover keys its figures by address: not a freed context's
         return ctx
 
     # ---------------------------------------------------------------- lifetime

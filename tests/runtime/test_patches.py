@@ -62,3 +62,18 @@ def test_series_log_is_for_the_committed_series():
     rows = [line.split("|")[1:-1] for line in text.splitlines() if re.match(r"^\| \d+ \|", line)]
     assert [r[1].strip() for r in rows] == [p.stem for p in patches]
     assert all("FAIL" not in cell for r in rows for cell in r), [r for r in rows if any("FAIL" in c for c in r)]
+
+
+def test_generation_is_libclovers_not_libllamas():
+    """After the series, block-diffusion generation is libclover's (beside libllama, on llama.h's
+    public API): libllama exports no clover_* function, libclover exports every one bound."""
+    from clover_gguf.runtime import bindings as B
+
+    lib = B.load()
+    bound = [n for n in vars(lib) if n.startswith("clover_") and n != "clover"]
+    assert len(bound) >= 20
+    assert [n for n in bound if hasattr(lib.lib, n)] == [], "libllama exports clover_* functions"
+    assert all(hasattr(lib.clover, n) for n in bound)
+    # the generic hooks the driver uses instead of llama_context's internals
+    for n in ("llama_set_block_diffusion", "llama_perf_context_graph", "llama_model_output_on_host"):
+        assert hasattr(lib.lib, n), n
