@@ -175,6 +175,7 @@ class _Lib:
                 "clover_batch_set_top_probs": ([vp, i32, i32], i32),
                 "clover_batch_set_block": ([vp, i32, tok_p, i32], i32),
                 "clover_batch_set_pick": ([vp, i32, vp], i32),
+                "clover_batch_on_host": ([vp, i32], i32),
                 "clover_step_key": ([u64, i32, i32], u64),
                 "clover_row_key": ([u64, i32], u64),
             }

@@ -640,8 +640,8 @@ class _BatchRun:
             if fb:
                 rt._check(lib.clover_batch_set_block(batch, seq, B.token_ptr(fb), len(fb)), "clover_batch_set_block")
             q["n_max"] = max(c.max_new_tokens, len(fb))
-        # clover_seq::on_host (clover_batch_set_pick refuses a sequence this rule gets wrong)
-        if grammar or c.n_probs or (c.temperature > 0 and (c.top_k > 0 or 0 < c.top_p < 1)):
+        # the driver's rule: a sequence on the host path has no pick sampler
+        if rt._check(lib.clover_batch_on_host(batch, seq), "clover_batch_on_host"):
             rt._drop_pick(seq)
         else:
             smpl = rt._pick(seq, c.temperature)

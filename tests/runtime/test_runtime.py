@@ -397,7 +397,8 @@ def test_pick_samplers_stay_attached_across_generations(vec_gguf):
 
 def test_lent_pick_must_match_the_sequence(vec_gguf):
     """clover_batch_set_pick refuses a sampler the sequence would not use: a host-path sequence
-    (top-k at a temperature > 0) or another temperature."""
+    (top-k at a temperature > 0) or another temperature; clover_batch_on_host says which
+    sequences are on the host path."""
     from clover_gguf.runtime import bindings as B
     from clover_gguf.runtime.runtime import CloverRuntime
 
@@ -413,6 +414,8 @@ def test_lent_pick_must_match_the_sequence(vec_gguf):
             assert lib.clover_batch_add(batch, 1, prompt, 3, rt.gen_params(plain), False) == 0
             assert lib.clover_batch_set_pick(batch, 1, rt._pick(1, 0.5)) == B.CLOVER_ERR_ARG
             assert lib.clover_batch_set_pick(batch, 1, rt._pick(1, 0.7)) == 0
+            assert [lib.clover_batch_on_host(batch, s) for s in (0, 1)] == [1, 0]
+            assert lib.clover_batch_on_host(batch, 2) == B.CLOVER_ERR_ARG  # not active
         finally:
             lib.clover_batch_free(batch)
 
