@@ -111,61 +111,41 @@ class llama_model_tensor_buft_override(ctypes.Structure):
 def _signatures() -> dict:
     """name -> (argtypes, restype) of every function bound: clover_* from libclover, the rest
     from libllama."""
-    ctx_p, tok_p = ctypes.c_void_p, ctypes.POINTER(llama_token)
-    sigs: dict = {
-        "clover_gen_default_params": ([], clover_gen_params),
-        "clover_reset": ([ctx_p], ctypes.c_int32),
-        "clover_commit": ([ctx_p, tok_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
-        "clover_block_logits": ([ctx_p, tok_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_float)], ctypes.c_int32),
-        "clover_generate": (
-            [
-                ctx_p,
-                tok_p,
-                ctypes.c_int32,
-                clover_gen_params,
-                tok_p,
-                ctypes.c_int32,
-                clover_block_cb,
-                ctypes.c_void_p,
-            ],
-            ctypes.c_int32,
-        ),
-        "clover_get_state": (
-            [ctx_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t],
-            ctypes.c_int32,
-        ),
-    }
     u64, f32, i32, vp = ctypes.c_uint64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
-    sigs.update(
-        {
-            "clover_model_block_size": ([vp], i32),
-            "clover_n_committed": ([ctx_p], i32),
-            "clover_generate_ex": (
-                [ctx_p, tok_p, i32, clover_gen_params, tok_p, i32, clover_block_cb, clover_step_cb, vp],
-                i32,
-            ),
-            "clover_sampler_init_pick": ([vp, f32], vp),
-            "clover_block_candidates": ([ctx_p, vp, tok_p, i32, u64, tok_p, ctypes.POINTER(f32)], i32),
-            "llama_set_sampler": ([ctx_p, i32, vp], ctypes.c_bool),
-            "llama_sampler_free": ([vp], None),
-            "clover_get_perf": ([ctx_p, ctypes.POINTER(clover_perf)], i32),
-            "clover_perf_reset": ([ctx_p], None),
-            "clover_batch_init": ([ctx_p], vp),
-            "clover_batch_free": ([vp], None),
-            "clover_batch_add": ([vp, i32, tok_p, i32, clover_gen_params, ctypes.c_bool], i32),
-            "clover_batch_step": ([vp, clover_seq_block_cb, vp], i32),
-            "clover_batch_remove": ([vp, i32], i32),
-            "clover_batch_tokens": ([vp, i32, tok_p, i32], i32),
-            "clover_batch_set_constraint": ([vp, i32, vp], i32),
-            "clover_batch_set_top_probs": ([vp, i32, i32], i32),
-            "clover_batch_set_block": ([vp, i32, tok_p, i32], i32),
-            "clover_batch_set_pick": ([vp, i32, vp], i32),
-            "clover_batch_on_host": ([vp, i32], i32),
-            "clover_step_key": ([u64, i32, i32], u64),
-            "clover_row_key": ([u64, i32], u64),
-        }
-    )
-    return sigs
+    ctx_p, tok_p = vp, ctypes.POINTER(llama_token)
+    return {
+        "clover_gen_default_params": ([], clover_gen_params),
+        "clover_model_block_size": ([vp], i32),
+        "clover_reset": ([ctx_p], i32),
+        "clover_n_committed": ([ctx_p], i32),
+        "clover_commit": ([ctx_p, tok_p, i32, i32], i32),
+        "clover_block_logits": ([ctx_p, tok_p, i32, ctypes.POINTER(f32)], i32),
+        "clover_generate": ([ctx_p, tok_p, i32, clover_gen_params, tok_p, i32, clover_block_cb, vp], i32),
+        "clover_generate_ex": (
+            [ctx_p, tok_p, i32, clover_gen_params, tok_p, i32, clover_block_cb, clover_step_cb, vp],
+            i32,
+        ),
+        "clover_get_state": ([ctx_p, i32, ctypes.POINTER(f32), ctypes.c_size_t], i32),
+        "clover_sampler_init_pick": ([vp, f32], vp),
+        "clover_block_candidates": ([ctx_p, vp, tok_p, i32, u64, tok_p, ctypes.POINTER(f32)], i32),
+        "llama_set_sampler": ([ctx_p, i32, vp], ctypes.c_bool),
+        "llama_sampler_free": ([vp], None),
+        "clover_get_perf": ([ctx_p, ctypes.POINTER(clover_perf)], i32),
+        "clover_perf_reset": ([ctx_p], None),
+        "clover_batch_init": ([ctx_p], vp),
+        "clover_batch_free": ([vp], None),
+        "clover_batch_add": ([vp, i32, tok_p, i32, clover_gen_params, ctypes.c_bool], i32),
+        "clover_batch_step": ([vp, clover_seq_block_cb, vp], i32),
+        "clover_batch_remove": ([vp, i32], i32),
+        "clover_batch_tokens": ([vp, i32, tok_p, i32], i32),
+        "clover_batch_set_constraint": ([vp, i32, vp], i32),
+        "clover_batch_set_top_probs": ([vp, i32, i32], i32),
+        "clover_batch_set_block": ([vp, i32, tok_p, i32], i32),
+        "clover_batch_set_pick": ([vp, i32, vp], i32),
+        "clover_batch_on_host": ([vp, i32], i32),
+        "clover_step_key": ([u64, i32, i32], u64),
+        "clover_row_key": ([u64, i32], u64),
+    }
 
 
 class _Lib:
