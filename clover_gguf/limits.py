@@ -2,7 +2,7 @@
 converter writes from them, and the rules that tie them together.
 
 The converter refuses a config.json that breaks a limit, the GGUF reader refuses such a
-file, and the patched llama.cpp (patches/0009, ``src/clover-validate.cpp``, which mirrors
+file, and the patched llama.cpp (patches/0007, ``src/clover-validate.cpp``, which mirrors
 this table line by line; tests/test_limits.py compares the two) refuses to load it, all
 with the same wording::
 

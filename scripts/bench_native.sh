@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Native build (the default) against a portable one (--portable, GGML_NATIVE=OFF), side by side:
-# llama-clover-cli --bench on one GGUF, rounds interleaved, 1 and 2 threads; prints medians.
+# llama-clover-cli (its speed lines) on one GGUF, rounds interleaved, 1 and 2 threads; prints medians.
 #
 #   clover-gguf runtime build --portable --root /tmp/rt-portable --no-install --targets llama,ggml,llama-clover-cli
 #   bash scripts/bench_native.sh MODEL.gguf /tmp/rt-portable [ROUNDS]
@@ -16,7 +16,7 @@ for r in $(seq "$ROUNDS"); do
     for b in native portable; do
         BIN=$NATIVE; [ $b = portable ] && BIN=$PORTABLE/bin
         for t in 1 2; do
-            echo "$b t$t: $("$BIN/llama-clover-cli" -m "$M" --prompt-ids "$IDS" -n 64 --steps 8 -t $t --bench 2>&1 >/dev/null \
+            echo "$b t$t: $("$BIN/llama-clover-cli" -m "$M" --prompt-ids "$IDS" -n 64 --diffusion-threshold 0 --diffusion-steps 8 -t $t 2>&1 >/dev/null \
                 | grep -E 'prompt:|generation:|steps:' | tr '\n' ' ')" >> "$LOG"
         done
     done

@@ -73,6 +73,9 @@ rm -rf "$WORK/$SDIST_NAME/.git" "$SRC/.git"
 LAUNCH=()
 command -v ccache > /dev/null && LAUNCH=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
+# the native build's CPU flags, as the runtime builds it (AMX left out: clover_gguf/runtime/build.py)
+CPU_FLAGS="$("$PY" -c 'from clover_gguf.runtime.build import NATIVE_CPU_FLAGS; print(NATIVE_CPU_FLAGS)')"
+
 PATCHES=("$HERE"/patches/*.patch)
 series_hash() { "$PY" -c 'from clover_gguf.runtime.build import patch_series, series_hash; print(series_hash(patch_series()))'; }
 SERIES="$(series_hash)"
@@ -146,7 +149,7 @@ vectors_check() {
 }
 
 generate() {
-    "$BUILD/bin/llama-clover-cli" -m "$IN/tiny-q4km.gguf" -p "def fibonacci(n):" -n 32 -t 2 --print-ids 2> /dev/null \
+    "$BUILD/bin/llama-clover-cli" -m "$IN/tiny-q4km.gguf" -p "def fibonacci(n):" -n 32 -t 2 --verbose-prompt 2> /dev/null \
         | tail -1 | grep '^ids: '
 }
 
@@ -163,10 +166,10 @@ for p in "${PATCHES[@]}"; do
     log "$name"
     targets=(ggml llama test-backend-ops llama-quantize)
     [ -f "$SRC/tests/test-clover.cpp" ] && targets+=(test-clover)
-    [ -d "$SRC/tools/clover-cli" ] && targets+=(llama-clover-cli)
+    [ -f "$SRC/tools/clover-cli/clover-cli.cpp" ] && targets+=(llama-clover-cli)
     t0=$SECONDS
     if cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON \
-        -DGGML_CCACHE=OFF "${LAUNCH[@]}" -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON \
+        "-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS" -DGGML_CCACHE=OFF "${LAUNCH[@]}" -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_CLOVER=ON -DGGML_CUDA=OFF > "$WORK/build.log" 2>&1 \
         && ninja -C "$BUILD" "${targets[@]}" >> "$WORK/build.log" 2>&1; then

@@ -357,11 +357,11 @@ def _vram_sampler(stop: threading.Event, peak: list) -> None:
 
 
 def _bench(cli: Path, gguf: Path, args: list[str], out: Path, name: str) -> dict:
-    """llama-clover-cli --bench; the figures it prints and the peak GPU memory while it ran."""
+    """llama-clover-cli; the speed figures it prints after the text and the peak GPU memory while it ran."""
     stop, peak = threading.Event(), [0]
     th = threading.Thread(target=_vram_sampler, args=(stop, peak), daemon=True)
     th.start()
-    cmd = [str(cli), "-m", str(gguf), "--prompt-ids", ",".join(str(i) for i in range(300, 364)), "--bench", *args]
+    cmd = [str(cli), "-m", str(gguf), "--prompt-ids", ",".join(str(i) for i in range(300, 364)), *args]
     t = time.perf_counter()
     # the generated text of random weights is arbitrary bytes
     r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=400)
@@ -423,7 +423,7 @@ def speed(out: Path, mode: str, layers: int, threads: int) -> dict:
     from clover_gguf.synthetic import write_synthetic_gguf
 
     cli = Path(os.environ.get("LLAMA_CPP_LIB_PATH", runtime_paths()["bin_dir"])) / "llama-clover-cli"
-    ngl = ["-ngl", "99"] if mode == "gpu" else []
+    ngl = ["-ngl", "99", "-fit", "off"] if mode == "gpu" else []  # the placement given, not common's fit
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     gguf = work / f"clover-35b-a3b-{layers}l-q4_k_m.gguf"
@@ -432,15 +432,16 @@ def speed(out: Path, mode: str, layers: int, threads: int) -> dict:
         t = time.perf_counter()
         write_synthetic_gguf(gguf, preset("clover-35b-a3b"), layers=layers, recipe="q4_k_m", progress=False)
         res["synth_s"] = time.perf_counter() - t
-    common = ["-t", str(threads), "--block-size", "32", "-n", "128", *ngl]
-    for steps in (8, 16):
-        res[f"steps{steps}"] = _bench(cli, gguf, common + ["--steps", str(steps)], out, f"bench-steps{steps}")
-        log(f"steps {steps}:", res[f"steps{steps}"])
-    res["threshold0.9"] = _bench(cli, gguf, common + ["--threshold", "0.9"], out, "bench-threshold")
+    common = ["-t", str(threads), "--diffusion-block-length", "32", "-n", "128", *ngl]
+    steps = lambda n: ["--diffusion-threshold", "0", "--diffusion-steps", str(n)]  # noqa: E731
+    for n in (8, 16):
+        res[f"steps{n}"] = _bench(cli, gguf, common + steps(n), out, f"bench-steps{n}")
+        log(f"steps {n}:", res[f"steps{n}"])
+    res["threshold0.9"] = _bench(cli, gguf, common + ["--diffusion-threshold", "0.9"], out, "bench-threshold")
     pl = placement_16gb(gguf)
     res["placement_16gb"] = pl
     ot = ["-ot", pl["override"]] if pl["override"] else []
-    res["placement_16gb"]["bench"] = _bench(cli, gguf, common + ["--steps", "8", *ot], out, "bench-16gb")
+    res["placement_16gb"]["bench"] = _bench(cli, gguf, common + steps(8) + ot, out, "bench-16gb")
     log("16 GB placement:", res["placement_16gb"])
     (out / "speed.json").write_text(json.dumps(res, indent=1) + "\n")
     # side by side with llama.cpp's own passes at full depth (Qwen3-MoE twin)

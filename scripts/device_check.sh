@@ -89,6 +89,8 @@ nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --format=csv
 log "GPU: $(cat "$OUTDIR/gpu.txt"); mode $MODE; $NPROC cores"
 
 # ---- build: the runtime for the GPU present, only the targets needed
+# AMX left out of the native CPU kernels, as clover_gguf/runtime/build.py's NATIVE_CPU_FLAGS
+CPU_FLAGS="-U__AMX_TILE__ -U__AMX_INT8__ -U__AMX_BF16__"
 if [[ $STAGES == *build* ]]; then
     t=$(date +%s)
     if [ "$MODE" = dry ]; then
@@ -97,7 +99,7 @@ if [[ $STAGES == *build* ]]; then
         rm -rf "$DEV/src" && mkdir -p "$DEV/src" && tar -C "$DEV/src" -xzf "$DEV/llama-src.tar.gz"
         ARCH=$(head -1 "$OUTDIR/gpu.txt" | awk -F', ' '{gsub(/\./, "", $3); print $3}')
         cmake -S "$DEV/src/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-            -DGGML_NATIVE=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" -DGGML_CUDA_FA=OFF \
+            -DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" -DGGML_CUDA_FA=OFF \
             -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
             -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_CLOVER=ON \
             -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' > "$OUTDIR/build.log" 2>&1 \

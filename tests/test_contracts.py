@@ -63,10 +63,9 @@ def test_python_signatures_match_the_code():
 
 
 def _header_functions_from_patches() -> set[str]:
-    """clover_* functions declared (LLAMA_API, then CLOVER_API) in clover.h after the whole series
-    (include/clover.h until 0019 moves it to tools/clover-cli/)."""
+    """clover_* functions declared (CLOVER_API) in tools/clover-cli/clover.h after the whole series."""
     names: set[str] = set()
-    decl = re.compile(r"(?:LLAMA|CLOVER)_API\b[^(]*?\b(clover_\w+)\s*\(")
+    decl = re.compile(r"CLOVER_API\b[^(]*?\b(clover_\w+)\s*\(")
     for patch in sorted((REPO / "patches").glob("*.patch")):
         in_header = False
         added, removed = set(), set()

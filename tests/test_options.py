@@ -209,10 +209,11 @@ def test_run_adds_bos_as_the_gguf_says_like_llama_clover_cli(tmp_path, converted
     assert out["prompt_ids"][0] == 0  # clover-tiny's BOS (<|endoftext|>, id 0)
     cli_bin = Path(runtime_paths()["bin_dir"]) / "llama-clover-cli"
     r = subprocess.run(
-        [str(cli_bin), "-m", str(g), "-p", "import os", "-n", "16", "-t", "1", "--print-ids"],
+        [str(cli_bin), "-m", str(g), "-p", "import os", "-n", "16", "-t", "1", "--verbose-prompt"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    assert "ids: " + " ".join(map(str, out["token_ids"])) in r.stdout, (r.stdout, out["token_ids"])
+    assert "\nprompt ids: " + " ".join(map(str, out["prompt_ids"])) + "\n" in r.stdout, (r.stdout, out["prompt_ids"])
+    assert "\nids: " + " ".join(map(str, out["token_ids"])) + "\n" in r.stdout, (r.stdout, out["token_ids"])

@@ -70,6 +70,7 @@ LINKS = {  # split variants: what the runtime does with host experts
     "op offload, pinned": (cost.HostLink(True, True), ["--no-mmap"]),
     "CPU computes": (cost.HostLink(False, False), ["--no-op-offload"]),
 }
+COMMON_SPELLING = {"--no-mmap": ["-lm", "none"]}  # llama-clover-cli's (common's) name of a `run` flag
 
 
 @dataclass
@@ -182,7 +183,8 @@ def _commands(src: Source, o: Option, out_name: str) -> dict:
         gguf = out_name.replace(".gguf", f"-{o.types.experts_tag()}.gguf")
         conv = convert_line(src, o.types, gguf)
     run = ["clover-gguf", "run", gguf, "-ngl", "99"]
-    cli = ["llama-clover-cli", "-m", gguf, "-ngl", "-1"]
+    # common's options: the plan's placement instead of common's --fit
+    cli = ["llama-clover-cli", "-m", gguf, "-ngl", "all", "-fit", "off"]
     if o.cpu_layers:
         if len(o.cpu_layers) == cfg.num_hidden_layers:
             run += ["--experts-on-cpu"]
@@ -191,7 +193,7 @@ def _commands(src: Source, o: Option, out_name: str) -> dict:
             run += ["-ot", cpu_layers_regex(o.cpu_layers)]
             cli += ["-ot", cpu_layers_regex(o.cpu_layers)]
         run += o.flags
-        cli += o.flags
+        cli += [a for f in o.flags for a in COMMON_SPELLING.get(f, [f])]
     run += ["-p", "PROMPT"]
     cli += ["-p", "PROMPT"]
     return {"convert": conv, "run": shlex.join(run), "llama_clover_cli": shlex.join(cli)}

@@ -301,6 +301,12 @@ def sync_tree(new: Path, old: Path) -> int:
     return n
 
 
+# ggml's AMX kernels stopped a native build with SIGILL (tilezero in tinygemm_kernel_amx, every
+# quantized matmul) on a 2-vCPU VM whose CPUID reports amx_tile/amx_int8, while a plain tile
+# program ran there: a native build leaves them out (-U the macros -march=native defines)
+NATIVE_CPU_FLAGS = "-U__AMX_TILE__ -U__AMX_INT8__ -U__AMX_BF16__"
+
+
 @dataclass
 class BuildOptions:
     cuda: bool = False
@@ -321,6 +327,7 @@ class BuildOptions:
             "portable": self.portable,
             "rpc": self.rpc,
             "cpu": None if self.portable else cpu_fingerprint(),
+            "cpu_flags": None if self.portable else NATIVE_CPU_FLAGS,
             "cuda": self.cuda,
             "cuda_archs": self.cuda_archs if self.cuda else None,
             "targets": list(self.resolved_targets()),
@@ -354,12 +361,14 @@ def cmake_args(src: Path, build: Path, opts: BuildOptions) -> list[str]:
         "-DLLAMA_OPENSSL=OFF",
         "-DLLAMA_CURL=OFF",
         "-DLLAMA_BUILD_CLOVER=ON",  # tools/clover-cli (llama-clover-cli), from the patches
-        f"-DGGML_RPC={'ON' if opts.rpc else 'OFF'}",  # tools/rpc comes with clover-cli (patches/0007)
+        f"-DGGML_RPC={'ON' if opts.rpc else 'OFF'}",  # tools/rpc comes with clover-cli (patches/0010)
         # the libraries are copied next to each other (lib/, llama_cpp/lib) and the
         # programs to bin/: find them through $ORIGIN wherever they end up
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
         "-DCMAKE_INSTALL_RPATH=$ORIGIN;$ORIGIN/../lib",
     ]
+    if not opts.portable:
+        args += [f"-DCMAKE_C_FLAGS={NATIVE_CPU_FLAGS}", f"-DCMAKE_CXX_FLAGS={NATIVE_CPU_FLAGS}"]
     cc = find_ccache() if opts.ccache else None
     if cc:
         args += ["-DGGML_CCACHE=OFF", f"-DCMAKE_C_COMPILER_LAUNCHER={cc}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={cc}"]

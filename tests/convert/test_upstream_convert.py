@@ -1,4 +1,4 @@
-"""llama.cpp's own converter knows Clover (patches/0016: gguf-py constants and
+"""llama.cpp's own converter knows Clover (patches/0008: gguf-py constants and
 conversion/clover.py): `convert_hf_to_gguf.py` on clover-tiny and on a fused-expert checkpoint
 writes the same tensors and `clover.*` / `tokenizer.*` keys as `clover-gguf convert`, llama-quantize
 makes the same Q4_K_M file of either, and llama-clover-cli generates the same tokens from both."""
@@ -86,7 +86,7 @@ def test_upstream_converter_writes_our_file(tmp_path, which):
     cli = llama_quantize().parent / "llama-clover-cli"
     ids = [
         subprocess.run(
-            [str(cli), "-m", str(f), "-p", "def fibonacci(n):", "-n", "32", "-t", "1", "--print-ids"],
+            [str(cli), "-m", str(f), "-p", "def fibonacci(n):", "-n", "32", "-t", "1", "--verbose-prompt"],
             check=True, capture_output=True, text=True,
         ).stdout.splitlines()[-1]
         for f in (ours.with_suffix(".q4km.gguf"), up.with_suffix(".q4km.gguf"))

@@ -368,7 +368,7 @@ def run_cli(cli: Path, path: Path, timeout: float, kind: str = "spec") -> tuple[
     prompt = ["--prompt-ids", PROMPT_IDS] if kind == "spec" else ["-p", TEXT_PROMPT]
     try:
         r = subprocess.run(
-            [str(cli), "-m", str(path), *prompt, "-n", str(N_PREDICT), "-t", "1", "--print-ids"],
+            [str(cli), "-m", str(path), *prompt, "-n", str(N_PREDICT), "-t", "1", "--verbose-prompt"],
             capture_output=True,
             timeout=timeout,
             preexec_fn=_limit(MEM_LIMIT),

@@ -211,9 +211,10 @@ def test_plan_offers_the_three_split_variants():
     assert pin["speed"]["4"]["tok_s"] > pg["speed"]["4"]["tok_s"]
     # without op offload no GPU copy of a host expert tensor: no more layers on the host
     assert len(cpu["cpu_expert_layers"]) <= len(pg["cpu_expert_layers"])
-    # llama-clover-cli takes the same flags (patches/0015)
-    assert "--no-mmap" in pin["llama_clover_cli"] and "--no-op-offload" in cpu["llama_clover_cli"]
+    # llama-clover-cli takes common's spelling of the same options, and the plan's placement
+    assert "-lm none" in pin["llama_clover_cli"] and "--no-op-offload" in cpu["llama_clover_cli"]
     assert pg["llama_clover_cli"].startswith("llama-clover-cli") and "-ot" in pg["llama_clover_cli"]
+    assert "-ngl all -fit off" in pg["llama_clover_cli"]
 
 
 # ------------------------------------------------------------------------------- the rule, labels

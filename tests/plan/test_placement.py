@@ -135,30 +135,37 @@ def test_serve_fit_with_own_placement_is_one_line(tiny_gguf):
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "not both" in r.output
 
 
-def test_llama_clover_cli_fit(tiny_gguf):
-    """llama-clover-cli's own --fit (patches/0011): the same line as `clover-gguf run` on this build."""
+def test_llama_clover_cli_runs_the_plans_commands(tiny_gguf):
+    """llama-clover-cli is on common's parser and fit: the command lines the plan prints for this
+    file (-ngl all -fit off, -ot, --cpu-moe, -lm none, --no-op-offload) run, and give the tokens of
+    a plain run, where common's --fit (on by default) has no GPU to fit on this build."""
+    import shlex
     import subprocess
 
+    from clover_gguf.plan.planner import LINKS, Option, _commands
+    from clover_gguf.plan.sizes import open_source
     from clover_gguf.runtime.build import runtime_paths
 
-    exe = Path(runtime_paths()["bin_dir"]) / "llama-clover-cli"
-    base = [str(exe), "-m", str(tiny_gguf), "--prompt-ids", "5,6,7", "-n", "4", "-t", "1"]
+    exe = str(Path(runtime_paths()["bin_dir"]) / "llama-clover-cli")
+    extra = ["-n", "4", "-t", "1", "--verbose-prompt", "--no-perf"]
 
-    def fit_lines(*extra):
-        r = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
-        return r.returncode, [x for x in r.stderr.splitlines() if x.startswith(("fit:", "error:"))]
+    def ids(args):
+        r = subprocess.run([exe, *args, *extra], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stderr == "", (args, r.stderr[-2000:])
+        return r.stdout.splitlines()[-1]
 
-    devs = gpu_devices()
-    rc, lines = fit_lines("-ngl", "99")
-    assert rc == 0
-    if not devs:
-        assert lines == [NO_GPU]
-    else:
-        assert len(lines) == 1 and devs[0].name in lines[0]
-    assert fit_lines("-ngl", "99", "--no-fit") == (0, [])
-    assert fit_lines() == (0, [])  # nothing offloaded: nothing to place
-    rc, lines = fit_lines("-ngl", "99", "--fit", "--cpu-moe")
-    assert rc != 0 and len(lines) == 1 and "not both" in lines[0]
+    plain = ids(["-m", str(tiny_gguf), "-p", "def f(x):"])
+    assert plain.startswith("ids: ")
+    src = open_source(str(tiny_gguf))
+    n_layers = src.config.num_hidden_layers
+    for link, flags in LINKS.values():  # a row of each split kind, some layers' experts or all on the CPU
+        for cpu_layers in ([0], list(range(n_layers))):
+            o = Option("split", "split", None, None, cpu_layers=cpu_layers, link=link, flags=flags)
+            c = shlex.split(_commands(src, o, "x.gguf")["llama_clover_cli"])
+            assert c[:3] == ["llama-clover-cli", "-m", str(tiny_gguf)] and c[-2:] == ["-p", "PROMPT"], c
+            assert ("--cpu-moe" in c) == (len(cpu_layers) == n_layers) and "--no-mmap" not in c, c
+            assert ids([*c[1:-1], "def f(x):"]) == plain, c
+    assert ids(["-m", str(tiny_gguf), "-p", "def f(x):", "-fit", "off"]) == plain
 
 
 def test_rpc_servers_turn_the_default_off(tiny_gguf):
