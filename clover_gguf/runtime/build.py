@@ -40,8 +40,18 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 DEFAULT_CUDA_ARCHS = "86;89;120;80;90;100"
-CPU_TARGETS = ("llama", "ggml", "clover", "clover-grammar", "llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize")
-# llama-quantize: the reference the converter's quantized blocks are compared with (tests/convert)
+CPU_TARGETS = (
+    "llama",
+    "ggml",
+    "clover",
+    "clover-grammar",
+    "llama-clover-cli",
+    "test-backend-ops",
+    "test-clover",
+    "llama-quantize",
+)
+# llama-quantize: the reference the converter's quantized blocks are compared with (tests/convert);
+# clover-grammar: common's JSON-schema converter for the server (no program links it)
 RPC_SERVER = "ggml-rpc-server"  # llama.cpp's tools/rpc (rpc-server), built with GGML_RPC
 BINARIES = ("llama-clover-cli", "test-backend-ops", "test-clover", "llama-quantize", RPC_SERVER)
 CLOVER_SYMBOLS = (
