@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """clover-tiny's figures for a model folder, without touching it: held-out stdlib ratio, greedy
 function bodies, tokens per step of the threshold schedule on the function prompts (issue 23),
-and the tool-call figures on the held-out transcripts (PyTorch reference, free decoding). For an
-intermediate export of a run in progress, with one thread at low priority:
+in-context copying (a repeated held-out span), and the tool-call figures on the held-out
+transcripts (PyTorch reference, free decoding). For an intermediate export of a run in progress, with one thread at low priority:
 
     nice -n 19 python scripts/eval_model_figures.py models/clover-tiny-v3-wip --threads 1 \\
         --heldout-tokens 40000 --tool-limit 50 --json out/v3-wip-figures.json
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--heldout-tokens", type=int, default=None, help="score only the first N held-out tokens")
     ap.add_argument("--tool-limit", type=int, default=None, help="only the first N held-out transcripts")
-    ap.add_argument("--skip", default="", help="comma list of: heldout, functions, speed, tools")
+    ap.add_argument("--skip", default="", help="comma list of: heldout, functions, speed, copy, tools")
     ap.add_argument("--json", default=None, help="write the figures here (temp file, then renamed)")
     a = ap.parse_args(argv)
 
@@ -60,6 +60,15 @@ def main(argv=None) -> int:
         out["function_speed"] = quality.threshold_speed(model, tok, prompts)
         print(
             f"threshold 0.9 on function prompts: {out['function_speed']['tokens_per_step']:.3f} tokens/step", flush=True
+        )
+    if "copy" not in skip:
+        cache = Path(__file__).resolve().parent.parent / ".cache" / "tokens"
+        c = quality.in_context_copy(model, tok, data.heldout_tokens(tok, cache))
+        out["copy"] = {k: v for k, v in c.items() if k != "rows"}
+        print(
+            f"in-context copy: {c['accuracy_with_copy']:.3f} of the repeated tokens, "
+            f"{c['accuracy_alone']:.3f} without the repeat",
+            flush=True,
         )
     if "tools" not in skip:
         out["tools"] = quality.tool_call_quality(a.model, limit=a.tool_limit)

@@ -84,6 +84,13 @@ def step_options(ap) -> None:
         help="add this weight times the entropy of masked positions whose argmax is already right "
         "(certainty forcing: confidence for the threshold schedule); 0: the plain NELBO",
     )
+    ap.add_argument(
+        "--copy-ratio",
+        type=float,
+        default=0.0,
+        help="share of the batches that are copy windows of the code stream: a span, then pieces of it "
+        "(in-context copying, as tool arguments copy the request's names); chat + copy <= 1",
+    )
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--seq-tokens", type=int, default=256)
     ap.add_argument("--block-sizes", default="16,32,8")

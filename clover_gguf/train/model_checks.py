@@ -180,6 +180,41 @@ def threshold_speed(
     }
 
 
+def in_context_copy(model, tok, held_ids, n: int = 20, span: int = 48, repeat: int = 32, seed: int = 0) -> dict:
+    """Whether the model copies from its context, as a tool argument copies a path of the request:
+    n held-out spans of `span` tokens, then the first `repeat` of them again; greedy (one token a
+    step), how many of the next span - repeat tokens continue the repeat, against the same
+    continuation of the first `repeat` tokens alone (what the model guesses without the copy)."""
+    from ..generation.loader import TorchGenerator
+
+    gen = TorchGenerator(model, tok)
+    k = span - repeat
+    cfg = gen.config(max_new_tokens=k, block_size=k, steps=k)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        s = int(rng.integers(0, len(held_ids) - span))
+        ids = [int(x) for x in held_ids[s : s + span]]
+        want = ids[repeat:]
+        with_copy = list(gen.generate(ids + ids[:repeat], cfg).tokens)[:k]
+        alone = list(gen.generate(ids[:repeat], cfg).tokens)[:k]
+        rows.append(
+            {
+                "start": s,
+                "with_copy": sum(a == b for a, b in zip(with_copy, want)),
+                "alone": sum(a == b for a, b in zip(alone, want)),
+            }
+        )
+    total = n * k
+    return {
+        "settings": f"greedy, {n} held-out spans of {span} tokens, the first {repeat} repeated, B={k}",
+        "accuracy_with_copy": sum(r["with_copy"] for r in rows) / total,
+        "accuracy_alone": sum(r["alone"] for r in rows) / total,
+        "tokens": total,
+        "rows": rows,
+    }
+
+
 def tool_call_quality(model_dir, limit: int | None = None, max_new_tokens: int = 160, log=None) -> dict:
     """`clover-gguf eval tools`' figures for the PyTorch reference on a model folder (free decoding,
     greedy, threshold 0.9) on the held-out transcripts (the first `limit` of them)."""

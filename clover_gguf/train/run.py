@@ -66,6 +66,7 @@ def train_config(a) -> T.TrainConfig:
         chat_seq_tokens=a.chat_seq_tokens,
         export_every_min=a.export_every_min,
         certainty=a.certainty,
+        copy_ratio=a.copy_ratio,
     )
 
 
@@ -98,6 +99,8 @@ def check_inputs(a) -> None:
         raise TrainError(f"--resume {a.resume}: neither a checkpoint nor a model folder with train_log.json")
     if a.init_from and not (Path(a.init_from) / "model.safetensors").is_file():
         raise TrainError(f"--init-from {a.init_from}: no model.safetensors there")
+    if not 0 <= a.copy_ratio <= 1 - a.chat_ratio:
+        raise TrainError(f"--copy-ratio {a.copy_ratio}: must be in [0, 1 - --chat-ratio ({a.chat_ratio})]")
 
 
 def load_streams(a, c, log=print) -> streams.Streams:

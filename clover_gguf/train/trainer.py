@@ -198,6 +198,42 @@ def sample_batch(
     return Batch(clean, noisy, pos, valid, masked, t, scored)
 
 
+def copy_windows(stream: torch.Tensor, n_seq: int, W: int, gen: torch.Generator, spans: tuple = (4, 24)):
+    """[n_seq, W] windows: a span of W/2 stream tokens, then pieces of it (lengths in `spans`,
+    each from anywhere in it) up to W. Each piece after its first token is predictable only by
+    looking it up in the first half: in-context copying, which tool arguments need (a path or a
+    name of the request) and which the memory does not learn from code and chat alone."""
+    half = W // 2
+    starts = torch.randint(0, stream.shape[0] - half, (n_seq,), generator=gen)
+    rows = []
+    for s in starts.tolist():
+        src, parts, n = stream[s : s + half], [stream[s : s + half]], half
+        while n < W:
+            k = min(int(torch.randint(spans[0], spans[1] + 1, (1,), generator=gen)), half)
+            a = int(torch.randint(0, half - k + 1, (1,), generator=gen))
+            parts.append(src[a : a + k])
+            n += k
+        rows.append(torch.cat(parts)[:W])
+    return torch.stack(rows)
+
+
+def sample_copy_batch(
+    stream: torch.Tensor, n_seq: int, B: int, n_blocks: int, gen: torch.Generator, mask_id: int, pad_id: int, eps: float
+) -> Batch:
+    """A batch of copy_windows, laid out as sample_batch's (first block r ~ U{1..B} long); only
+    the second half of each window is noised and scored, the first is its clean context."""
+    W = n_blocks * B
+    flat = copy_windows(stream, n_seq, W, gen).reshape(-1)
+    second = (torch.arange(W) >= W // 2).long().repeat(n_seq)
+    r = torch.randint(1, B + 1, (n_seq,), generator=gen)
+    starts = torch.arange(n_seq) * W + (B - r)  # each window ends where its row does
+    clean, pos, valid = layout_windows(flat, starts, r, n_blocks, B, pad_id)
+    scored = layout_windows(second, starts, r, n_blocks, B, 0)[0].bool() & valid
+    t = sample_t((n_seq, n_blocks), eps, gen)
+    noisy, masked = apply_noise(clean, scored, t, mask_id, gen)
+    return Batch(clean, noisy, pos, valid, masked, t, scored)
+
+
 # --- loss ----------------------------------------------------------------------------------
 
 
@@ -361,6 +397,7 @@ class TrainConfig:
     chat_seq_tokens: int = 1280  # tokens per chat window, about (each starts where a transcript does)
     export_every_min: float = 0.0  # call train(export=...) this often (0: never)
     certainty: float = 0.0  # weight of the entropy of masked positions already right (nelbo_from_logits)
+    copy_ratio: float = 0.0  # fraction of batches that are copy windows of the stream (sample_copy_batch)
     extra: dict = field(default_factory=dict)
 
 
@@ -591,9 +628,13 @@ class _Run:
             progress = max(progress, tokens / tc.max_tokens)
         return progress
 
-    def draw_batch(self, stream: torch.Tensor, chat: tuple | None, B: int) -> Batch:
-        """A batch of block size B from the stream, or from chat = (ids, starts, scored)."""
+    def draw_batch(self, stream: torch.Tensor, chat: tuple | None, B: int, copy: bool = False) -> Batch:
+        """A batch of block size B from the stream (copy windows of it with `copy`), or from
+        chat = (ids, starts, scored)."""
         tc, c, gen = self.tc, self.model.config, self.gen
+        if copy:
+            n_seq, nb = batch_shape(B, tc)
+            return sample_copy_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
         if chat is None:
             n_seq, nb = batch_shape(B, tc)
             return sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
@@ -711,10 +752,13 @@ def train(
             break
         lr = lr_at(step, progress, tc, run.warm_start)
         B = choose_block(gen, tc)
-        # (a run without chat draws no extra random number: its batches stay as before)
-        is_chat = chat is not None and tc.chat_ratio > 0 and float(torch.rand(1, generator=gen)) < tc.chat_ratio
+        # (a run without chat or copy draws no extra random number: its batches stay as before)
+        mixed = (chat is not None and tc.chat_ratio > 0) or tc.copy_ratio > 0
+        u = float(torch.rand(1, generator=gen)) if mixed else 1.0
+        is_chat = chat is not None and u < tc.chat_ratio
+        is_copy = not is_chat and tc.chat_ratio <= u < tc.chat_ratio + tc.copy_ratio
         t0 = time.time()
-        batch = run.draw_batch(stream, chat_parts if is_chat else None, B).to(tc.device)
+        batch = run.draw_batch(stream, chat_parts if is_chat else None, B, copy=is_copy).to(tc.device)
         st = train_step(model, run.opt, batch, tc, lr, run.master)
         win_t += time.time() - t0
         if not math.isfinite(st["loss"]):
@@ -725,6 +769,8 @@ def train(
         rec = _step_record(step, tokens, run.elapsed(), st, lr, B)
         if chat is not None:
             rec["chat"] = int(is_chat)
+        if tc.copy_ratio > 0:
+            rec["copy"] = int(is_copy)
         log["steps"].append(rec)
         log["step"], log["tokens"] = step, tokens
         if step % tc.log_every == 0:

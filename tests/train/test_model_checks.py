@@ -104,3 +104,35 @@ def test_threshold_speed_and_issue_23_targets():
     )
     assert not t["functions_tokens_per_step"]["met"] and t["tools_valid_calls"]["met"]
     assert not t["tools_right_name"]["met"] and not t["tools_call_tokens_per_step"]["met"]
+
+
+def test_in_context_copy_counts_against_the_span():
+    m = T.new_model(tiny_config(), 0)
+    held = np.arange(2, 60) % 50 + 2
+    res = Q.in_context_copy(m, _ByteTok(), held, n=3, span=12, repeat=8)
+    assert res["tokens"] == 3 * 4 and len(res["rows"]) == 3
+    assert all(
+        0 <= r["start"] <= len(held) - 12 and 0 <= r["with_copy"] <= 4 and 0 <= r["alone"] <= 4 for r in res["rows"]
+    )
+    assert res["accuracy_with_copy"] == sum(r["with_copy"] for r in res["rows"]) / 12
+    assert res["accuracy_alone"] == sum(r["alone"] for r in res["rows"]) / 12
+
+
+def test_in_context_copy_scores_a_perfect_copier_one(monkeypatch):
+    """A generator that continues a repeated prefix from its first occurrence (induction) scores
+    1 with the repeat; without it, it has nothing to copy and scores 0."""
+    from types import SimpleNamespace
+
+    from clover_gguf.generation import loader
+
+    def generate(self, ids, cfg):
+        k = cfg.max_new_tokens
+        for p in range(1, len(ids)):  # the earliest earlier occurrence of the last token
+            if ids[p - 1] == ids[-1] and p < len(ids) - 1:
+                return SimpleNamespace(tokens=ids[p : p + k])
+        return SimpleNamespace(tokens=[1] * k)
+
+    monkeypatch.setattr(loader.TorchGenerator, "generate", generate)
+    held = np.arange(100) + 2  # no token repeats inside a span
+    res = Q.in_context_copy(T.new_model(tiny_config(), 0), _ByteTok(), held, n=4, span=12, repeat=8)
+    assert res["accuracy_with_copy"] == 1.0 and res["accuracy_alone"] == 0.0

@@ -147,6 +147,10 @@ def test_bench_prints_one_line_per_shape():
             "--resume {tmp}/nothing: neither a checkpoint nor a model folder with train_log.json",
         ),
         (["--init-from", "{tmp}"], "--init-from {tmp}: no model.safetensors there"),
+        (
+            ["--chat-ratio", "0.7", "--copy-ratio", "0.4"],
+            "--copy-ratio 0.4: must be in [0, 1 - --chat-ratio (0.7)]",
+        ),
         (["--eval-only"], "--eval-only: no train_log.json in --out {tmp}"),
         (["--bench", "4x8"], "--bench 4x8: expected a comma list of NxBxNB (sequences x block size x blocks)"),
         (["--card-only"], "{tmp}/train_log.json: "),
