@@ -180,7 +180,7 @@ def threshold_speed(
     }
 
 
-def in_context_copy(model, tok, held_ids, n: int = 20, span: int = 48, repeat: int = 32, seed: int = 0) -> dict:
+def in_context_copy(model, tok, held_ids, n: int = 50, span: int = 48, repeat: int = 32, seed: int = 0) -> dict:
     """Whether the model copies from its context, as a tool argument copies a path of the request:
     n held-out spans of `span` tokens, then the first `repeat` of them again; greedy (one token a
     step), how many of the next span - repeat tokens continue the repeat, against the same
