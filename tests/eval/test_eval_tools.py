@@ -128,17 +128,27 @@ def tiny_q8(converted):
 
 
 def test_run_on_clover_tiny(tiny_q8, tmp_path):
-    """A real run: one held-out transcript, the reference (free) and a GGUF (free, constrained),
-    the stability measure; JSON, Markdown and PNG written; every turn has a record."""
+    """A real run: one held-out transcript, the reference (free) and a GGUF twice (free,
+    constrained), the stability measure; JSON, Markdown and PNG written; every turn has a record;
+    constrained replies are compared with the first file's constrained ones."""
     held = tmp_path / "held"
     held.mkdir()
     rows, _ = T.load_heldout_set()
     (held / "heldout.jsonl").write_text(json.dumps(rows[0]) + "\n")
     shutil.copy(T.HELDOUT_DIR / "tools.json", held / "tools.json")
     cfg = E.ToolsConfig(heldout=str(held / "heldout.jsonl"), max_new_tokens=24, stability_turns=1, threads=1)
-    run = E.run_tools(DEFAULT_MODEL, [str(tiny_q8)], cfg, tmp_path / "out")
+    run = E.run_tools(
+        DEFAULT_MODEL, [str(tiny_q8)] * 2, cfg, tmp_path / "out", names=["clover-tiny-q8_0.gguf", "again"]
+    )
     n_turns = len(T.assistant_turns(rows[0]))
-    assert [list(t["modes"]) for t in run["targets"]] == [["free"], ["free", "constrained"]]
+    assert [list(t["modes"]) for t in run["targets"]] == [["free"], ["free", "constrained"], ["free", "constrained"]]
+    first, again = (t["modes"]["constrained"] for t in run["targets"][1:])
+    assert first["same_call_as_bf16"].get("median") is None and first["counts"]["compared_with_bf16"] == 0
+    # greedy: the same file writes the same calls, so every compared call is the same
+    assert again["counts"]["compared_with_bf16"] == sum(
+        s["json"] for r in run["targets"][1]["records"]["constrained"][0] for s in r["matched"] if s
+    )
+    assert again["counts"]["compared_with_bf16"] == 0 or again["same_call_as_bf16"].get("median") == 1.0
     for t in run["targets"]:
         for mode, recs in t["records"].items():
             assert len(recs) == 1 and len(recs[0]) == n_turns
@@ -155,3 +165,24 @@ def test_run_on_clover_tiny(tiny_q8, tmp_path):
     r = CliRunner().invoke(cli, ["report", str(tmp_path / "out" / "tools.json"), "-o", str(tmp_path / "again")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "again" / "report.md").read_text() == md
+
+
+def test_constrained_rows_compare_with_the_first_files_constrained_replies(converted, tmp_path):
+    """Constrained rows' "same call" is against the first file's constrained replies (a grammar
+    unmasks calls left to right, so free replies differ): the same file given twice agrees on
+    every call it writes. The v3 snapshot, since clover-tiny v2 never opens a call."""
+    v3 = DEFAULT_MODEL.parent / "clover-tiny-v3-wip"
+    gguf = str(converted(v3, "q8_0"))
+    held = tmp_path / "held"
+    held.mkdir()
+    rows, _ = T.load_heldout_set()
+    (held / "heldout.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    shutil.copy(T.HELDOUT_DIR / "tools.json", held / "tools.json")
+    cfg = E.ToolsConfig(
+        heldout=str(held / "heldout.jsonl"), modes=("constrained",), max_new_tokens=64, stability_turns=0, threads=1
+    )
+    run = E.run_tools(v3, [gguf, gguf], cfg, tmp_path / "out", names=["first", "again"])
+    first, again = (t["modes"]["constrained"] for t in run["targets"][1:])
+    assert first["counts"]["compared_with_bf16"] == 0 and "median" not in first["same_call_as_bf16"]
+    assert again["counts"]["compared_with_bf16"] >= 1
+    assert again["same_call_as_bf16"]["median"] == 1.0

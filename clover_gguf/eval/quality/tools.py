@@ -325,7 +325,8 @@ class Target:
 
 
 def evaluate(dec, turns, cfg: ToolsConfig, modes, ref_records=None, log=print, label="") -> dict:
-    """{mode: (summary, records by repeat)} for one decoder."""
+    """{mode: (summary, records by repeat)} for one decoder; `ref_records`: {mode: records by
+    repeat} of the reply each mode's "same call" compares with."""
     out = {}
     for mode in modes:
         reps, recs_all = [], []
@@ -335,7 +336,8 @@ def evaluate(dec, turns, cfg: ToolsConfig, modes, ref_records=None, log=print, l
                 recs.append(run_turn(dec, t, cfg, mode, cfg.seed + rep))
                 if (i + 1) % 50 == 0:
                     log(f"{label} {mode} repeat {rep}: {i + 1}/{len(turns)} turns")
-            ref = {r["id"]: r for r in ref_records[rep]} if ref_records else None
+            base = (ref_records or {}).get(mode)
+            ref = {r["id"]: r for r in base[rep]} if base else None
             reps.append(figures(turns, recs, ref))
             recs_all.append(recs)
         out[mode] = (summarize(reps), recs_all)
@@ -378,10 +380,15 @@ def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print
         from .stability import stability_of
 
         stab[targets[0].name] = stability_of(ref_dec, turns, cfg, log)
+    # A grammar unmasks a call left to right, so a constrained reply is compared with the first
+    # file's constrained reply (BF16 in a baseline), not with the reference's free one.
+    refs = {"free": ref_records}
     for name, g in zip(names, ggufs):
         dec = RuntimeDecoder(g, cfg.threads)
         try:
-            res = evaluate(dec, turns, cfg, cfg.modes, ref_records, log, name)
+            res = evaluate(dec, turns, cfg, cfg.modes, refs, log, name)
+            if "constrained" in res and "constrained" not in refs:
+                refs["constrained"] = res["constrained"][1]
             if cfg.stability_turns:
                 stab[name] = stability_of(dec, turns, cfg, log)
         finally:

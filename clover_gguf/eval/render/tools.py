@@ -86,7 +86,8 @@ def tools_markdown(run: dict, plot: str | None) -> str:
         "constrained = the server's tool_choice auto (the tool-call grammar from the first `<tool_call>` on). "
         "valid calls: expected calls answered by a section that parses and validates against the named, "
         "offered tool's schema; same call as BF16: the same name and arguments as the BF16 reference's free "
-        "reply, where both wrote a parsable call. tok/step: tokens per denoising step on the blocks mostly "
+        "reply (constrained rows: as the first file's constrained reply, since a grammar unmasks a call left to "
+        "right), where both wrote a parsable call. tok/step: tokens per denoising step on the blocks mostly "
         "inside a tool call, in prose, in thinking.",
         "",
         figures_table(run),
