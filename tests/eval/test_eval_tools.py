@@ -122,33 +122,28 @@ def test_bad_options_are_one_line(tmp_path):
     assert r.exit_code != 0 and "h.jsonl" in r.output and "Traceback" not in r.output
 
 
+def one_transcript(tmp_path, row) -> str:
+    """A held-out file of one transcript, tools.json beside it, as `--heldout` reads it."""
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "heldout.jsonl").write_text(json.dumps(row) + "\n")
+    shutil.copy(T.HELDOUT_DIR / "tools.json", held / "tools.json")
+    return str(held / "heldout.jsonl")
+
+
 @pytest.fixture(scope="module")
 def tiny_q8(converted):
     return converted(DEFAULT_MODEL, "q8_0")
 
 
 def test_run_on_clover_tiny(tiny_q8, tmp_path):
-    """A real run: one held-out transcript, the reference (free) and a GGUF twice (free,
-    constrained), the stability measure; JSON, Markdown and PNG written; every turn has a record;
-    constrained replies are compared with the first file's constrained ones."""
-    held = tmp_path / "held"
-    held.mkdir()
+    """A real run: one held-out transcript, the reference (free) and a GGUF (free, constrained),
+    the stability measure; JSON, Markdown and PNG written; every turn has a record."""
     rows, _ = T.load_heldout_set()
-    (held / "heldout.jsonl").write_text(json.dumps(rows[0]) + "\n")
-    shutil.copy(T.HELDOUT_DIR / "tools.json", held / "tools.json")
-    cfg = E.ToolsConfig(heldout=str(held / "heldout.jsonl"), max_new_tokens=24, stability_turns=1, threads=1)
-    run = E.run_tools(
-        DEFAULT_MODEL, [str(tiny_q8)] * 2, cfg, tmp_path / "out", names=["clover-tiny-q8_0.gguf", "again"]
-    )
+    cfg = E.ToolsConfig(heldout=one_transcript(tmp_path, rows[0]), max_new_tokens=24, stability_turns=1, threads=1)
+    run = E.run_tools(DEFAULT_MODEL, [str(tiny_q8)], cfg, tmp_path / "out")
     n_turns = len(T.assistant_turns(rows[0]))
-    assert [list(t["modes"]) for t in run["targets"]] == [["free"], ["free", "constrained"], ["free", "constrained"]]
-    first, again = (t["modes"]["constrained"] for t in run["targets"][1:])
-    assert first["same_call_as_bf16"].get("median") is None and first["counts"]["compared_with_bf16"] == 0
-    # greedy: the same file writes the same calls, so every compared call is the same
-    assert again["counts"]["compared_with_bf16"] == sum(
-        s["json"] for r in run["targets"][1]["records"]["constrained"][0] for s in r["matched"] if s
-    )
-    assert again["counts"]["compared_with_bf16"] == 0 or again["same_call_as_bf16"].get("median") == 1.0
+    assert [list(t["modes"]) for t in run["targets"]] == [["free"], ["free", "constrained"]]
     for t in run["targets"]:
         for mode, recs in t["records"].items():
             assert len(recs) == 1 and len(recs[0]) == n_turns
@@ -173,16 +168,20 @@ def test_constrained_rows_compare_with_the_first_files_constrained_replies(conve
     every call it writes. The v3 snapshot, since clover-tiny v2 never opens a call."""
     v3 = DEFAULT_MODEL.parent / "clover-tiny-v3-wip"
     gguf = str(converted(v3, "q8_0"))
-    held = tmp_path / "held"
-    held.mkdir()
     rows, _ = T.load_heldout_set()
-    (held / "heldout.jsonl").write_text(json.dumps(rows[1]) + "\n")
-    shutil.copy(T.HELDOUT_DIR / "tools.json", held / "tools.json")
     cfg = E.ToolsConfig(
-        heldout=str(held / "heldout.jsonl"), modes=("constrained",), max_new_tokens=64, stability_turns=0, threads=1
+        heldout=one_transcript(tmp_path, rows[1]),
+        modes=("constrained",),
+        max_new_tokens=64,
+        stability_turns=0,
+        threads=1,
     )
     run = E.run_tools(v3, [gguf, gguf], cfg, tmp_path / "out", names=["first", "again"])
     first, again = (t["modes"]["constrained"] for t in run["targets"][1:])
     assert first["counts"]["compared_with_bf16"] == 0 and "median" not in first["same_call_as_bf16"]
+    # every call the first file wrote is compared, and greedy writes the same one again
+    assert again["counts"]["compared_with_bf16"] == sum(
+        s["json"] for r in run["targets"][1]["records"]["constrained"][0] for s in r["matched"] if s
+    )
     assert again["counts"]["compared_with_bf16"] >= 1
     assert again["same_call_as_bf16"]["median"] == 1.0
