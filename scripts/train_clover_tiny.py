@@ -91,6 +91,19 @@ def step_options(ap) -> None:
         help="share of the batches that are copy windows of the code stream: a span, then pieces of it "
         "(in-context copying, as tool arguments copy the request's names); chat + copy <= 1",
     )
+    ap.add_argument(
+        "--distill",
+        default=None,
+        help="a JSONL of the model's own continuations (scripts/distill_targets.py): a --distill-ratio "
+        "share of the batches train on them, their prompts as clean context",
+    )
+    ap.add_argument("--distill-ratio", type=float, default=0.2)
+    ap.add_argument(
+        "--distill-certainty",
+        type=float,
+        default=1.0,
+        help="the certainty weight (see --certainty) in distill batches: self-distilled certainty forcing",
+    )
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--seq-tokens", type=int, default=256)
     ap.add_argument("--block-sizes", default="16,32,8")

@@ -16,6 +16,7 @@ from ..config import preset
 from . import TrainError, streams
 from . import trainer as T
 from .card import write_model_card
+from .distill import distill_stream
 from .export import exporter, read_train_log, write_train_log
 from .final_eval import final_eval
 from .loss_plot import plot_loss
@@ -67,6 +68,8 @@ def train_config(a) -> T.TrainConfig:
         export_every_min=a.export_every_min,
         certainty=a.certainty,
         copy_ratio=a.copy_ratio,
+        distill_ratio=a.distill_ratio if a.distill else 0.0,
+        distill_certainty=a.distill_certainty,
     )
 
 
@@ -101,6 +104,10 @@ def check_inputs(a) -> None:
         raise TrainError(f"--init-from {a.init_from}: no model.safetensors there")
     if not 0 <= a.copy_ratio <= 1 - a.chat_ratio:
         raise TrainError(f"--copy-ratio {a.copy_ratio}: must be in [0, 1 - --chat-ratio ({a.chat_ratio})]")
+    if a.distill and not 0 < a.distill_ratio <= 1 - a.chat_ratio - a.copy_ratio:
+        raise TrainError(f"--distill-ratio {a.distill_ratio}: must be in (0, 1 - --chat-ratio - --copy-ratio]")
+    if a.distill and not Path(a.distill).is_file():
+        raise TrainError(f"--distill {a.distill}: no such file")
 
 
 def load_streams(a, c, log=print) -> streams.Streams:
@@ -132,6 +139,11 @@ def train_model(a, c, s: streams.Streams, command: str, log=print) -> dict:
             s.info,
             log,
         )
+    distill = None
+    if a.distill:
+        distill = distill_stream(a.distill)
+        s.info["distill"] = {"file": str(a.distill), "rows": int(distill[1].numel()), "tokens": int(distill[0].numel())}
+        log(f"distill: {s.info['distill']}")
     export = exporter(a.out, tokenizer_dir(a), s.info)
     try:
         tlog = T.train(
@@ -146,6 +158,7 @@ def train_model(a, c, s: streams.Streams, command: str, log=print) -> dict:
             chat=chat,
             init_from=a.init_from,
             export=export,
+            distill=distill,
         )
     except ValueError as e:  # a checkpoint of another shape
         raise TrainError(str(e)) from None

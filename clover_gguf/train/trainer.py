@@ -398,6 +398,9 @@ class TrainConfig:
     export_every_min: float = 0.0  # call train(export=...) this often (0: never)
     certainty: float = 0.0  # weight of the entropy of masked positions already right (nelbo_from_logits)
     copy_ratio: float = 0.0  # fraction of batches that are copy windows of the stream (sample_copy_batch)
+    distill_ratio: float = 0.0  # fraction of batches drawn from the model's own continuations (train(distill=...))
+    distill_seq_tokens: int = 64  # tokens per distill window, about (each starts where a row does)
+    distill_certainty: float = 0.0  # the certainty weight in distill batches (tc.certainty in the others)
     extra: dict = field(default_factory=dict)
 
 
@@ -472,10 +475,13 @@ class MasterWeights:
         self.master_to_model()
 
 
-def train_step(model, opt, batch: Batch, tc: TrainConfig, lr: float, master: MasterWeights | None = None):
+def train_step(
+    model, opt, batch: Batch, tc: TrainConfig, lr: float, master: MasterWeights | None = None, certainty=None
+):
     for g in opt.param_groups:
         g["lr"] = lr
-    loss, st = diffusion_loss(model, batch, autocast=tc.precision == "autocast", certainty=tc.certainty)
+    certainty = tc.certainty if certainty is None else certainty
+    loss, st = diffusion_loss(model, batch, autocast=tc.precision == "autocast", certainty=certainty)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if master is not None:
@@ -628,9 +634,11 @@ class _Run:
             progress = max(progress, tokens / tc.max_tokens)
         return progress
 
-    def draw_batch(self, stream: torch.Tensor, chat: tuple | None, B: int, copy: bool = False) -> Batch:
+    def draw_batch(
+        self, stream: torch.Tensor, chat: tuple | None, B: int, copy: bool = False, seq_tokens: int | None = None
+    ) -> Batch:
         """A batch of block size B from the stream (copy windows of it with `copy`), or from
-        chat = (ids, starts, scored)."""
+        chat = (ids, starts, scored) (a chat or distill stream) in windows of ~seq_tokens."""
         tc, c, gen = self.tc, self.model.config, self.gen
         if copy:
             n_seq, nb = batch_shape(B, tc)
@@ -639,10 +647,37 @@ class _Run:
             n_seq, nb = batch_shape(B, tc)
             return sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
         ids, starts, scored = chat
-        n_seq, nb = batch_shape(B, tc, tc.chat_seq_tokens)
+        n_seq, nb = batch_shape(B, tc, seq_tokens or tc.chat_seq_tokens)
         return sample_batch(
             ids, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps, start_points=starts, score_mask=scored
         )
+
+    def step(self, stream: torch.Tensor, chat: tuple | None, distill: tuple | None, B: int, lr: float):
+        """One train step on a batch of the kind a draw picks: "chat", "copy", "distill" (by
+        their ratios) or "code". Returns (kind, stats)."""
+        tc = self.tc
+        mixed = (
+            (chat is not None and tc.chat_ratio > 0)
+            or tc.copy_ratio > 0
+            or (distill is not None and tc.distill_ratio > 0)
+        )
+        # (a run without chat, copy or distill draws no extra random number: its batches stay as before)
+        u = float(torch.rand(1, generator=self.gen)) if mixed else 1.0
+        kind, lo = "code", 0.0
+        for name, ratio, there in (
+            ("chat", tc.chat_ratio, chat),
+            ("copy", tc.copy_ratio, True),
+            ("distill", tc.distill_ratio, distill),
+        ):
+            if lo <= u < lo + ratio:
+                kind = name if there is not None else "code"
+                break
+            lo += ratio
+        if kind == "distill":
+            batch = self.draw_batch(stream, distill, B, seq_tokens=tc.distill_seq_tokens).to(tc.device)
+            return kind, train_step(self.model, self.opt, batch, tc, lr, self.master, certainty=tc.distill_certainty)
+        batch = self.draw_batch(stream, chat if kind == "chat" else None, B, copy=kind == "copy").to(tc.device)
+        return kind, train_step(self.model, self.opt, batch, tc, lr, self.master)
 
     def save_ckpt(self) -> None:
         log = self.log
@@ -718,6 +753,7 @@ def train(
     chat: tuple | None = None,
     init_from: str | Path | None = None,
     export=None,
+    distill: tuple | None = None,
 ) -> dict:
     """Train `model` (float32 on entry and on return) in place on the token stream.
     Checkpoints (fp32 weights, optimizer, RNG, log) go to {ckpt_dir}/ckpt-last.pt every
@@ -731,7 +767,9 @@ def train(
     position of `starts`); a tc.chat_ratio share of the batches are windows of ~tc.chat_seq_tokens
     of it, each starting where a transcript does; with `scored` (bool per token) only those tokens
     are noised and scored in them. `init_from`: a model folder whose weights start a
-    new run (step 0, its own schedule; log["init_from"] records the parent). `export(model,
+    new run (step 0, its own schedule; log["init_from"] records the parent). `distill` =
+    (ids, starts, scored): the model's own continuations (distill.py), a tc.distill_ratio share
+    of the batches, with tc.distill_certainty as their certainty weight. `export(model,
     log)` is called every tc.export_every_min minutes. Returns the log dict."""
     torch.set_num_threads(tc.threads)
     run = _Run(model, tc)
@@ -753,13 +791,8 @@ def train(
         lr = lr_at(step, progress, tc, run.warm_start)
         B = choose_block(gen, tc)
         # (a run without chat or copy draws no extra random number: its batches stay as before)
-        mixed = (chat is not None and tc.chat_ratio > 0) or tc.copy_ratio > 0
-        u = float(torch.rand(1, generator=gen)) if mixed else 1.0
-        is_chat = chat is not None and u < tc.chat_ratio
-        is_copy = not is_chat and tc.chat_ratio <= u < tc.chat_ratio + tc.copy_ratio
         t0 = time.time()
-        batch = run.draw_batch(stream, chat_parts if is_chat else None, B, copy=is_copy).to(tc.device)
-        st = train_step(model, run.opt, batch, tc, lr, run.master)
+        kind, st = run.step(stream, chat_parts, distill, B, lr)
         win_t += time.time() - t0
         if not math.isfinite(st["loss"]):
             raise FloatingPointError(f"non-finite loss at step {step}")
@@ -768,9 +801,11 @@ def train(
         win_tok += st["n_tokens"]
         rec = _step_record(step, tokens, run.elapsed(), st, lr, B)
         if chat is not None:
-            rec["chat"] = int(is_chat)
+            rec["chat"] = int(kind == "chat")
         if tc.copy_ratio > 0:
-            rec["copy"] = int(is_copy)
+            rec["copy"] = int(kind == "copy")
+        if distill is not None:
+            rec["distill"] = int(kind == "distill")
         log["steps"].append(rec)
         log["step"], log["tokens"] = step, tokens
         if step % tc.log_every == 0:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from clover_gguf.config import preset
 from clover_gguf.reference.model import CloverModel
 from clover_gguf.train import trainer as T
+from clover_gguf.train.distill import distill_stream
 
 
 def tiny_config(**kw):
@@ -391,3 +392,38 @@ def test_copy_batch_scores_only_the_second_half(tmp_path):
     log = T.train(T.new_model(tiny_config(), 0), stream, tc, log_fn=lambda s: None, chat=chat)
     kinds = [(r["chat"], r["copy"]) for r in log["steps"]]
     assert (1, 1) not in kinds and {(1, 0), (0, 1), (0, 0)} <= set(kinds)
+
+
+def test_distill_batches_are_their_own_kind_and_score_only_continuations(tmp_path, monkeypatch):
+    stream = torch.randint(2, 64, (3000,))
+    rows = [{"prompt": "p", "prompt_ids": [3, 4, 5, 6], "ids": [20 + i % 30 for i in range(24)], "parses": True}] * 60
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    distill = distill_stream(tmp_path / "t.jsonl")
+    chat = (torch.randint(2, 64, (2000,)), torch.arange(0, 2000, 50))
+    tc = small_tc(
+        max_steps=24,
+        chat_ratio=0.3,
+        distill_ratio=0.4,
+        distill_seq_tokens=16,
+        chat_seq_tokens=16,
+        ckpt_dir=str(tmp_path),
+    )
+    seen = []
+    orig = T.train_step
+
+    def spy(model, opt, batch, tc, lr, master=None, certainty=None):
+        seen.append((batch, certainty))
+        return orig(model, opt, batch, tc, lr, master, certainty)
+
+    monkeypatch.setattr(T, "train_step", spy)
+    log = T.train(T.new_model(tiny_config(), 0), stream, tc, log_fn=lambda s: None, chat=chat, distill=distill)
+    kinds = [(r["chat"], r["distill"]) for r in log["steps"]]
+    assert (1, 1) not in kinds and {(1, 0), (0, 1), (0, 0)} <= set(kinds)
+    for (batch, certainty), (_, is_distill) in zip(seen, kinds):
+        if is_distill:
+            assert certainty == tc.distill_certainty and batch.scored is not None
+            # a prompt token (3..6) is never noised: it is the context, as at inference
+            assert not (batch.masked & (batch.clean >= 3) & (batch.clean <= 6)).any()
+            assert batch.masked.any()
+        else:
+            assert certainty is None

@@ -151,6 +151,11 @@ def test_bench_prints_one_line_per_shape():
             ["--chat-ratio", "0.7", "--copy-ratio", "0.4"],
             "--copy-ratio 0.4: must be in [0, 1 - --chat-ratio (0.7)]",
         ),
+        (
+            ["--distill", "{tmp}/t.jsonl", "--chat-ratio", "0.9", "--distill-ratio", "0.2"],
+            "--distill-ratio 0.2: must be in (0, 1 - --chat-ratio - --copy-ratio]",
+        ),
+        (["--distill", "{tmp}/none.jsonl"], "--distill {tmp}/none.jsonl: no such file"),
         (["--eval-only"], "--eval-only: no train_log.json in --out {tmp}"),
         (["--bench", "4x8"], "--bench 4x8: expected a comma list of NxBxNB (sequences x block size x blocks)"),
         (["--card-only"], "{tmp}/train_log.json: "),

@@ -1,0 +1,39 @@
+"""The model's own greedy continuations (one token a step, B=16, 64 tokens) of the train
+split's def lines, as a JSONL for `train_clover_tiny.py --distill` (clover_gguf/train/distill.py).
+Appends to OUT, so a cut-off run goes on where it stopped.
+
+    python scripts/distill_targets.py models/clover-tiny-v3-wip out/distill.jsonl --n 1500
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="model folder (safetensors, config.json, tokenizer)")
+    ap.add_argument("out", help="JSONL to append to")
+    ap.add_argument("--n", type=int, default=1500, help="signatures to continue")
+    ap.add_argument("--seed", type=int, default=0, help="order of the signatures")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    import torch
+
+    from clover_gguf.train.distill import write_targets
+
+    if not (Path(a.model) / "model.safetensors").is_file():
+        raise SystemExit(f"{a.model}: no model.safetensors")
+    torch.set_num_threads(a.threads)
+    write_targets(a.model, Path(a.out), a.n, a.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
