@@ -108,7 +108,13 @@ def step_options(ap) -> None:
     ap.add_argument("--seq-tokens", type=int, default=256)
     ap.add_argument("--block-sizes", default="16,32,8")
     ap.add_argument("--block-probs", default="0.45,0.45,0.1")
-    ap.add_argument("--precision", default="bf16", choices=["bf16", "autocast", "fp32"])
+    ap.add_argument(
+        "--precision",
+        default=None,
+        choices=["bf16", "autocast", "fp32"],
+        help="default: bf16 on a GPU or a CPU with native BF16 (AVX512_BF16, AMX), else fp32 (emulated BF16 "
+        "matmuls make a step about twice as slow)",
+    )
     ap.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,

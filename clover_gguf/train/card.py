@@ -157,6 +157,12 @@ def docstrings_note(log: dict) -> list[str]:
 
 
 # the config.json keys of the Architecture table, in its order
+PRECISION_TEXT = {
+    "bf16": "BF16 weights and activations, float32 master weights/optimizer",
+    "autocast": "float32 weights, BF16 autocast",
+    "fp32": "float32 throughout",
+}
+
 ARCHITECTURE_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -293,7 +299,7 @@ def training_section(log: dict) -> list[str]:
             if r.get("warm_restart")
         ),
         f"- batch: about {tc['tokens_per_batch']} real tokens (windows of about {tc['seq_tokens']} tokens)",
-        f"- precision: {tc['precision']} (BF16 weights and activations, float32 master weights/optimizer; "
+        f"- precision: {tc['precision']} ({PRECISION_TEXT.get(tc['precision'], tc['precision'])}; "
         "norms, softmaxes, router and delta rule in float32 as the model does); seed "
         f"{tc['seed']}; {tc['threads']} torch thread(s)",
         "- init: normal(0, 0.02) (residual output projections / sqrt(2 n_layer)), norms 1, A_log = log U(1,16), "

@@ -54,7 +54,7 @@ def train_config(a) -> T.TrainConfig:
         seq_tokens=a.seq_tokens,
         block_sizes=tuple(int(x) for x in a.block_sizes.split(",")),
         block_probs=tuple(float(x) for x in a.block_probs.split(",")),
-        precision=a.precision,
+        precision=a.precision or T.default_precision(a.device),
         compile=a.compile,
         threads=a.threads,
         device=a.device,

@@ -427,3 +427,18 @@ def test_distill_batches_are_their_own_kind_and_score_only_continuations(tmp_pat
             assert batch.masked.any()
         else:
             assert certainty is None
+
+
+@pytest.mark.parametrize(
+    "flags, device, want",
+    [
+        ("avx512f avx512_bf16", "cpu", "bf16"),
+        ("avx512f amx_bf16", "cpu", "bf16"),
+        ("avx512f avx2", "cpu", "fp32"),
+        ("avx2", "cuda", "bf16"),
+    ],
+)
+def test_the_default_precision_is_bf16_only_where_it_is_native(tmp_path, flags, device, want):
+    (tmp_path / "cpuinfo").write_text(f"flags\t\t: fpu {flags}\n")
+    assert T.default_precision(device, tmp_path / "cpuinfo") == want
+    assert T.default_precision("cpu", tmp_path / "missing") == "fp32"

@@ -14,6 +14,8 @@ import sys
 import pytest
 from testdata import REPO, TINY
 
+from clover_gguf.train import trainer as T
+
 SCRIPT = REPO / "scripts" / "train_clover_tiny.py"
 SMALL = (
     "--layers 1 --experts 2 --top-k 1 --tokens-per-batch 128 --seq-tokens 32 --block-sizes 8 --block-probs 1 "
@@ -133,8 +135,8 @@ def test_warm_restart_from_a_model_folder(trained, tmp_path):
 def test_bench_prints_one_line_per_shape():
     log = lines(script("--bench", "2x8x3,1x16x2", "--bench-steps", 1, "--layers", 1, "--experts", 2, "--top-k", 1))
     assert [ln.split(":")[0] for ln in log] == [
-        "bench 2x8x3 vocab=4100 threads=1 precision=bf16 compile=False",
-        "bench 1x16x2 vocab=4100 threads=1 precision=bf16 compile=False",
+        f"bench 2x8x3 vocab=4100 threads=1 precision={T.default_precision()} compile=False",
+        f"bench 1x16x2 vocab=4100 threads=1 precision={T.default_precision()} compile=False",
     ]
     assert all(" tok/s wall (range " in ln and ", 1 steps), " in ln for ln in log)
 
