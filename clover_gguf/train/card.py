@@ -156,13 +156,14 @@ def docstrings_note(log: dict) -> list[str]:
     ]
 
 
-# the config.json keys of the Architecture table, in its order
+# what each --precision keeps in which dtype, for the training section
 PRECISION_TEXT = {
     "bf16": "BF16 weights and activations, float32 master weights/optimizer",
     "autocast": "float32 weights, BF16 autocast",
     "fp32": "float32 throughout",
 }
 
+# the config.json keys of the Architecture table, in its order
 ARCHITECTURE_KEYS = (
     "vocab_size",
     "hidden_size",
