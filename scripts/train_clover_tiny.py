@@ -93,11 +93,19 @@ def step_options(ap) -> None:
     )
     ap.add_argument(
         "--distill",
-        default=None,
+        action="append",
         help="a JSONL of the model's own continuations (scripts/distill_targets.py): a --distill-ratio "
-        "share of the batches train on them, their prompts as clean context",
+        "share of the batches train on them, their prompts as clean context; repeat for several streams",
     )
-    ap.add_argument("--distill-ratio", type=float, default=0.2)
+    ap.add_argument(
+        "--distill-ratio", type=float, action="append", help="share of the batches, one for each --distill (0.2)"
+    )
+    ap.add_argument(
+        "--distill-seq-tokens",
+        type=int,
+        action="append",
+        help="tokens per window, one for each --distill (64: a def line and its body; a chat turn needs its prompt)",
+    )
     ap.add_argument(
         "--distill-certainty",
         type=float,

@@ -68,9 +68,26 @@ def train_config(a) -> T.TrainConfig:
         export_every_min=a.export_every_min,
         certainty=a.certainty,
         copy_ratio=a.copy_ratio,
-        distill_ratio=a.distill_ratio if a.distill else 0.0,
+        distill_ratio=tuple(distill_options(a)[1]),
+        distill_seq_tokens=tuple(distill_options(a)[2]),
         distill_certainty=a.distill_certainty,
     )
+
+
+def distill_options(a) -> tuple[list, list, list]:
+    """(files, ratios, window tokens) of the --distill streams: one --distill-ratio and one
+    --distill-seq-tokens for each --distill, or one of each for all of them (ratio 0.2, 64 tokens)."""
+    files = a.distill or []
+    out = [files]
+    for flag, vals, default in (
+        ("--distill-ratio", a.distill_ratio, 0.2),
+        ("--distill-seq-tokens", a.distill_seq_tokens, 64),
+    ):
+        vals = vals or [default]
+        if len(vals) not in (1, len(files)) and files:
+            raise TrainError(f"{flag}: give one, or one per --distill ({len(files)}), not {len(vals)}")
+        out.append((vals * len(files)) if len(vals) == 1 else vals)
+    return out[0], out[1], out[2]
 
 
 def bench(a, log=print) -> None:
@@ -104,10 +121,15 @@ def check_inputs(a) -> None:
         raise TrainError(f"--init-from {a.init_from}: no model.safetensors there")
     if not 0 <= a.copy_ratio <= 1 - a.chat_ratio:
         raise TrainError(f"--copy-ratio {a.copy_ratio}: must be in [0, 1 - --chat-ratio ({a.chat_ratio})]")
-    if a.distill and not 0 < a.distill_ratio <= 1 - a.chat_ratio - a.copy_ratio:
-        raise TrainError(f"--distill-ratio {a.distill_ratio}: must be in (0, 1 - --chat-ratio - --copy-ratio]")
-    if a.distill and not Path(a.distill).is_file():
-        raise TrainError(f"--distill {a.distill}: no such file")
+    files, ratios, seqs = distill_options(a)
+    if files and not (all(r > 0 for r in ratios) and sum(ratios) <= 1 - a.chat_ratio - a.copy_ratio):
+        shown = " + ".join(f"{r:g}" for r in ratios)
+        raise TrainError(f"--distill-ratio {shown}: each > 0, in all at most 1 - --chat-ratio - --copy-ratio")
+    if any(n < 16 for n in seqs):
+        raise TrainError(f"--distill-seq-tokens {min(seqs)}: at least 16")
+    for f in files:
+        if not Path(f).is_file():
+            raise TrainError(f"--distill {f}: no such file")
 
 
 def load_streams(a, c, log=print) -> streams.Streams:
@@ -139,10 +161,12 @@ def train_model(a, c, s: streams.Streams, command: str, log=print) -> dict:
             s.info,
             log,
         )
-    distill = None
-    if a.distill:
-        distill = distill_stream(a.distill)
-        s.info["distill"] = {"file": str(a.distill), "rows": int(distill[1].numel()), "tokens": int(distill[0].numel())}
+    distill = [distill_stream(f) for f in distill_options(a)[0]]
+    if distill:
+        s.info["distill"] = [
+            {"file": str(f), "rows": int(d[1].numel()), "tokens": int(d[0].numel()), "scored": int(d[2].sum())}
+            for f, d in zip(a.distill, distill)
+        ]
         log(f"distill: {s.info['distill']}")
     export = exporter(a.out, tokenizer_dir(a), s.info)
     try:

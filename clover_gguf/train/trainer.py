@@ -398,8 +398,10 @@ class TrainConfig:
     export_every_min: float = 0.0  # call train(export=...) this often (0: never)
     certainty: float = 0.0  # weight of the entropy of masked positions already right (nelbo_from_logits)
     copy_ratio: float = 0.0  # fraction of batches that are copy windows of the stream (sample_copy_batch)
-    distill_ratio: float = 0.0  # fraction of batches drawn from the model's own continuations (train(distill=...))
-    distill_seq_tokens: int = 64  # tokens per distill window, about (each starts where a row does)
+    # per stream of train(distill=[...]), the model's own continuations: the fraction of batches
+    # drawn from it, and its tokens per window, about (each window starts where a row does)
+    distill_ratio: tuple = ()
+    distill_seq_tokens: tuple = ()
     distill_certainty: float = 0.0  # the certainty weight in distill batches (tc.certainty in the others)
     extra: dict = field(default_factory=dict)
 
@@ -666,29 +668,23 @@ class _Run:
             ids, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps, start_points=starts, score_mask=scored
         )
 
-    def step(self, stream: torch.Tensor, chat: tuple | None, distill: tuple | None, B: int, lr: float):
-        """One train step on a batch of the kind a draw picks: "chat", "copy", "distill" (by
-        their ratios) or "code". Returns (kind, stats)."""
+    def step(self, stream: torch.Tensor, chat: tuple | None, distill: list, B: int, lr: float):
+        """One train step on a batch of the kind a draw picks: "chat", "copy", "distill" (one of
+        the distill streams; by their ratios) or "code". Returns (kind, stats)."""
         tc = self.tc
-        mixed = (
-            (chat is not None and tc.chat_ratio > 0)
-            or tc.copy_ratio > 0
-            or (distill is not None and tc.distill_ratio > 0)
-        )
+        mixed = (chat is not None and tc.chat_ratio > 0) or tc.copy_ratio > 0 or (distill and sum(tc.distill_ratio) > 0)
         # (a run without chat, copy or distill draws no extra random number: its batches stay as before)
         u = float(torch.rand(1, generator=self.gen)) if mixed else 1.0
-        kind, lo = "code", 0.0
-        for name, ratio, there in (
-            ("chat", tc.chat_ratio, chat),
-            ("copy", tc.copy_ratio, True),
-            ("distill", tc.distill_ratio, distill),
-        ):
+        kind, part, lo = "code", None, 0.0
+        parts = [("chat", tc.chat_ratio, chat, None), ("copy", tc.copy_ratio, True, None)]
+        parts += [("distill", r, d, n) for d, r, n in zip(distill, tc.distill_ratio, tc.distill_seq_tokens)]
+        for name, ratio, there, seq in parts:
             if lo <= u < lo + ratio:
-                kind = name if there is not None else "code"
+                kind, part = (name, (there, seq)) if there is not None else ("code", None)
                 break
             lo += ratio
         if kind == "distill":
-            batch = self.draw_batch(stream, distill, B, seq_tokens=tc.distill_seq_tokens).to(tc.device)
+            batch = self.draw_batch(stream, part[0], B, seq_tokens=part[1]).to(tc.device)
             return kind, train_step(self.model, self.opt, batch, tc, lr, self.master, certainty=tc.distill_certainty)
         batch = self.draw_batch(stream, chat if kind == "chat" else None, B, copy=kind == "copy").to(tc.device)
         return kind, train_step(self.model, self.opt, batch, tc, lr, self.master)
@@ -767,7 +763,7 @@ def train(
     chat: tuple | None = None,
     init_from: str | Path | None = None,
     export=None,
-    distill: tuple | None = None,
+    distill: list | None = None,
 ) -> dict:
     """Train `model` (float32 on entry and on return) in place on the token stream.
     Checkpoints (fp32 weights, optimizer, RNG, log) go to {ckpt_dir}/ckpt-last.pt every
@@ -781,9 +777,10 @@ def train(
     position of `starts`); a tc.chat_ratio share of the batches are windows of ~tc.chat_seq_tokens
     of it, each starting where a transcript does; with `scored` (bool per token) only those tokens
     are noised and scored in them. `init_from`: a model folder whose weights start a
-    new run (step 0, its own schedule; log["init_from"] records the parent). `distill` =
-    (ids, starts, scored): the model's own continuations (distill.py), a tc.distill_ratio share
-    of the batches, with tc.distill_certainty as their certainty weight. `export(model,
+    new run (step 0, its own schedule; log["init_from"] records the parent). `distill` = a list
+    of (ids, starts, scored): the model's own continuations (distill.py), each a
+    tc.distill_ratio[i] share of the batches in windows of ~tc.distill_seq_tokens[i], with
+    tc.distill_certainty as their certainty weight. `export(model,
     log)` is called every tc.export_every_min minutes. Returns the log dict."""
     torch.set_num_threads(tc.threads)
     run = _Run(model, tc)
@@ -806,7 +803,7 @@ def train(
         B = choose_block(gen, tc)
         # (a run without chat or copy draws no extra random number: its batches stay as before)
         t0 = time.time()
-        kind, st = run.step(stream, chat_parts, distill, B, lr)
+        kind, st = run.step(stream, chat_parts, distill or [], B, lr)
         win_t += time.time() - t0
         if not math.isfinite(st["loss"]):
             raise FloatingPointError(f"non-finite loss at step {step}")
@@ -818,7 +815,7 @@ def train(
             rec["chat"] = int(kind == "chat")
         if tc.copy_ratio > 0:
             rec["copy"] = int(kind == "copy")
-        if distill is not None:
+        if distill:
             rec["distill"] = int(kind == "distill")
         log["steps"].append(rec)
         log["step"], log["tokens"] = step, tokens

@@ -1,6 +1,7 @@
 """Self-distillation targets (clover_gguf/train/distill.py) and their batches in the trainer."""
 
 import json
+import re
 
 import pytest
 
@@ -43,3 +44,42 @@ def test_signatures_come_from_the_train_split_and_leave_the_held_out_prompts_out
     assert len(sigs) > 1000 and len(set(sigs)) == len(sigs)
     assert all(s.startswith("def ") and s.endswith(":\n") and s.count("\n") == 1 for s in sigs)
     assert not set(sigs) & set(load_function_prompts())
+
+
+def _pieces(text):
+    """A reply cut into token-like pieces (the special tokens whole, the rest in 3-character bits)."""
+    out = []
+    for part in re.split(r"(</?tool_call>|<\|im_end\|>|</?think>)", text):
+        out += [part] if part.startswith("<") and part.endswith(">") else [part[i : i + 3] for i in range(0, len(part), 3)]
+    return out
+
+
+READ = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+GREP = '<tool_call>\n{"name": "grep", "arguments": {"pattern": "x", "path": "a.py"}}\n</tool_call>'
+EXPECT_ONE = [{"name": "read_file", "arguments": {"path": "b.py"}}]
+
+
+@pytest.mark.parametrize(
+    "reply, expected, target",
+    [
+        (READ + "<|im_end|>", EXPECT_ONE, READ),  # right as it is
+        (READ + "\n" + GREP + "\n" + READ, EXPECT_ONE, READ),  # goes on calling: cut after the first call
+        ("<think>\nread it\n</think>\n\n" + READ + "<|im_end|>", EXPECT_ONE, "<think>\nread it\n</think>\n\n" + READ),
+        (READ + "\n" + GREP + "<|im_end|>", EXPECT_ONE * 2, READ + "\n" + GREP),  # two calls, the second another tool
+        (READ.replace('"path"', '"file"') + "<|im_end|>", EXPECT_ONE, None),  # misses a required argument
+        (READ.replace("}}", "}") + "<|im_end|>", EXPECT_ONE, None),  # not JSON
+        (READ.replace("read_file", "write_file") + "<|im_end|>", EXPECT_ONE, None),  # no such tool
+        (READ + "<|im_end|>", EXPECT_ONE * 2, None),  # one call short
+        ("It is in a.py.<|im_end|>", EXPECT_ONE, None),  # no call where the transcript makes one
+        ("It is in a.py.<|im_end|>", [], None),  # prose turns are not targets
+        (READ[:-3], EXPECT_ONE, None),  # cut off inside the closing tag
+    ],
+)
+def test_a_reply_is_a_target_up_to_its_expected_calls_when_they_are_all_valid(reply, expected, target):
+    from clover_gguf.train.distill import right_reply
+    from clover_gguf.train.toolset import tool_schemas
+
+    pieces = _pieces(reply)
+    thinking = reply.startswith("<think>")
+    cut = right_reply(pieces, thinking, tool_schemas(["read_file", "grep"]), expected)
+    assert (None if cut is None else "".join(pieces[:cut])) == target

@@ -398,13 +398,13 @@ def test_distill_batches_are_their_own_kind_and_score_only_continuations(tmp_pat
     stream = torch.randint(2, 64, (3000,))
     rows = [{"prompt": "p", "prompt_ids": [3, 4, 5, 6], "ids": [20 + i % 30 for i in range(24)], "parses": True}] * 60
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    distill = distill_stream(tmp_path / "t.jsonl")
+    distill = [distill_stream(tmp_path / "t.jsonl")] * 2
     chat = (torch.randint(2, 64, (2000,)), torch.arange(0, 2000, 50))
     tc = small_tc(
         max_steps=24,
         chat_ratio=0.3,
-        distill_ratio=0.4,
-        distill_seq_tokens=16,
+        distill_ratio=(0.25, 0.15),
+        distill_seq_tokens=(16, 32),
         chat_seq_tokens=16,
         ckpt_dir=str(tmp_path),
     )

@@ -155,7 +155,17 @@ def test_bench_prints_one_line_per_shape():
         ),
         (
             ["--distill", "{tmp}/t.jsonl", "--chat-ratio", "0.9", "--distill-ratio", "0.2"],
-            "--distill-ratio 0.2: must be in (0, 1 - --chat-ratio - --copy-ratio]",
+            "--distill-ratio 0.2: each > 0, in all at most 1 - --chat-ratio - --copy-ratio",
+        ),
+        (
+            ["--distill", "{tmp}/t.jsonl", "--distill", "{tmp}/u.jsonl", "--distill-ratio", "0.2"]
+            + ["--distill-ratio", "0.1", "--distill-ratio", "0.1"],
+            "--distill-ratio: give one, or one per --distill (2), not 3",
+        ),
+        (
+            ["--distill", "{tmp}/t.jsonl", "--distill", "{tmp}/u.jsonl", "--chat-ratio", "0.5"]
+            + ["--distill-ratio", "0.3", "--distill-ratio", "0.3"],
+            "--distill-ratio 0.3 + 0.3: each > 0, in all at most 1 - --chat-ratio - --copy-ratio",
         ),
         (["--distill", "{tmp}/none.jsonl"], "--distill {tmp}/none.jsonl: no such file"),
         (["--eval-only"], "--eval-only: no train_log.json in --out {tmp}"),
