@@ -50,7 +50,8 @@ def _pieces(text):
     """A reply cut into token-like pieces (the special tokens whole, the rest in 3-character bits)."""
     out = []
     for part in re.split(r"(</?tool_call>|<\|im_end\|>|</?think>)", text):
-        out += [part] if part.startswith("<") and part.endswith(">") else [part[i : i + 3] for i in range(0, len(part), 3)]
+        special = part.startswith("<") and part.endswith(">")
+        out += [part] if special else [part[i : i + 3] for i in range(0, len(part), 3)]
     return out
 
 
