@@ -1,5 +1,5 @@
 """The model's own greedy continuations (one token a step, B=16, 64 tokens) of the train
-split's def lines, or with --tools its replies (160 tokens) to every assistant turn of N
+split's def lines, or with --tools its replies (160 tokens) to the turns that call a tool in N
 train-split chat transcripts, as a JSONL for `train_clover_tiny.py --distill`
 (clover_gguf/train/distill.py). Appends to OUT, so a cut-off run goes on where it stopped.
 
