@@ -34,10 +34,8 @@ def main(argv=None) -> int:
     if not (Path(a.model) / "model.safetensors").is_file():
         raise SystemExit(f"{a.model}: no model.safetensors")
     torch.set_num_threads(a.threads)
-    if a.tools:
-        write_tool_targets(a.model, Path(a.out), a.n, 3 if a.seed is None else a.seed)
-    else:
-        write_targets(a.model, Path(a.out), a.n, a.seed or 0)
+    write = write_tool_targets if a.tools else write_targets
+    write(a.model, Path(a.out), a.n, **({} if a.seed is None else {"seed": a.seed}))
     return 0
 
 

@@ -67,7 +67,6 @@ def right_reply(pieces: list[str], thinking: bool, tools: list[dict], expected: 
     None: its first len(expected) tool calls must all parse and fit the offered tools' schemas.
     The target ends where the transcript's turn would, after that many calls (the turn's end
     token follows it), so a reply that goes on calling still teaches the calls it got right."""
-    from ..eval.quality.tool_blocks import IM_END
     from ..eval.quality.tools import parse_sections, split_turn
 
     text = "".join(pieces)
@@ -76,11 +75,10 @@ def right_reply(pieces: list[str], thinking: bool, tools: list[dict], expected: 
     n = len(expected)
     if not n or len(sections) < n or not all(s["json"] and s["schema"] for s in sections[:n]):
         return None
+    # the n valid sections come before the turn's end (split_turn cut there), so this finds them
     prefix = ""
     for j, p in enumerate(pieces):
         prefix += p
-        if IM_END in prefix:
-            return None
         if prefix.count(TOOL_CALL_END) >= n:
             return j + 1
     return None

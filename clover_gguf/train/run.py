@@ -40,6 +40,7 @@ def model_config(a, vocab_size=None):
 
 
 def train_config(a) -> T.TrainConfig:
+    _, ratios, seqs = distill_options(a)
     return T.TrainConfig(
         seed=a.seed,
         lr=a.lr,
@@ -68,8 +69,8 @@ def train_config(a) -> T.TrainConfig:
         export_every_min=a.export_every_min,
         certainty=a.certainty,
         copy_ratio=a.copy_ratio,
-        distill_ratio=tuple(distill_options(a)[1]),
-        distill_seq_tokens=tuple(distill_options(a)[2]),
+        distill_ratio=tuple(ratios),
+        distill_seq_tokens=tuple(seqs),
         distill_certainty=a.distill_certainty,
     )
 
@@ -78,16 +79,18 @@ def distill_options(a) -> tuple[list, list, list]:
     """(files, ratios, window tokens) of the --distill streams: one --distill-ratio and one
     --distill-seq-tokens for each --distill, or one of each for all of them (ratio 0.2, 64 tokens)."""
     files = a.distill or []
-    out = [files]
-    for flag, vals, default in (
-        ("--distill-ratio", a.distill_ratio, 0.2),
-        ("--distill-seq-tokens", a.distill_seq_tokens, 64),
-    ):
+
+    def per_file(flag: str, vals: list | None, default) -> list:
         vals = vals or [default]
-        if len(vals) not in (1, len(files)) and files:
+        if files and len(vals) not in (1, len(files)):
             raise TrainError(f"{flag}: give one, or one per --distill ({len(files)}), not {len(vals)}")
-        out.append((vals * len(files)) if len(vals) == 1 else vals)
-    return out[0], out[1], out[2]
+        return vals * len(files) if len(vals) == 1 else vals
+
+    return (
+        files,
+        per_file("--distill-ratio", a.distill_ratio, 0.2),
+        per_file("--distill-seq-tokens", a.distill_seq_tokens, 64),
+    )
 
 
 def bench(a, log=print) -> None:
@@ -161,7 +164,7 @@ def train_model(a, c, s: streams.Streams, command: str, log=print) -> dict:
             s.info,
             log,
         )
-    distill = [distill_stream(f) for f in distill_options(a)[0]]
+    distill = [distill_stream(f) for f in a.distill or []]
     if distill:
         s.info["distill"] = [
             {"file": str(f), "rows": int(d[1].numel()), "tokens": int(d[0].numel()), "scored": int(d[2].sum())}

@@ -675,16 +675,17 @@ class _Run:
         mixed = (chat is not None and tc.chat_ratio > 0) or tc.copy_ratio > 0 or (distill and sum(tc.distill_ratio) > 0)
         # (a run without chat, copy or distill draws no extra random number: its batches stay as before)
         u = float(torch.rand(1, generator=self.gen)) if mixed else 1.0
-        kind, part, lo = "code", None, 0.0
+        kind, source, seq, lo = "code", None, None, 0.0
         parts = [("chat", tc.chat_ratio, chat, None), ("copy", tc.copy_ratio, True, None)]
         parts += [("distill", r, d, n) for d, r, n in zip(distill, tc.distill_ratio, tc.distill_seq_tokens)]
-        for name, ratio, there, seq in parts:
+        for name, ratio, there, n in parts:
             if lo <= u < lo + ratio:
-                kind, part = (name, (there, seq)) if there is not None else ("code", None)
+                if there is not None:
+                    kind, source, seq = name, there, n
                 break
             lo += ratio
         if kind == "distill":
-            batch = self.draw_batch(stream, part[0], B, seq_tokens=part[1]).to(tc.device)
+            batch = self.draw_batch(stream, source, B, seq_tokens=seq).to(tc.device)
             return kind, train_step(self.model, self.opt, batch, tc, lr, self.master, certainty=tc.distill_certainty)
         batch = self.draw_batch(stream, chat if kind == "chat" else None, B, copy=kind == "copy").to(tc.device)
         return kind, train_step(self.model, self.opt, batch, tc, lr, self.master)
