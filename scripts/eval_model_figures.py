@@ -27,6 +27,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--heldout-tokens", type=int, default=None, help="score only the first N held-out tokens")
     ap.add_argument("--tool-limit", type=int, default=None, help="only the first N held-out transcripts")
+    ap.add_argument(
+        "--tool-seed",
+        type=int,
+        default=None,
+        help="a fresh draw of 150 held-out transcripts with this seed (same held-out modules and tool sets; "
+        "the committed set is seed 23), to check a figure chosen on the committed set",
+    )
     ap.add_argument("--skip", default="", help="comma list of: heldout, functions, speed, copy, tools")
     ap.add_argument("--json", default=None, help="write the figures here (temp file, then renamed)")
     a = ap.parse_args(argv)
@@ -71,7 +78,7 @@ def main(argv=None) -> int:
             flush=True,
         )
     if "tools" not in skip:
-        out["tools"] = quality.tool_call_quality(a.model, limit=a.tool_limit)
+        out["tools"] = quality.tool_call_quality(a.model, limit=a.tool_limit, seed=a.tool_seed)
         t = out["tools"]
         print(
             f"tools: valid calls {t['valid_calls']}, right name {t['name_accuracy']}, call rate {t['call_rate']}, "

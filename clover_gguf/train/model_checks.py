@@ -215,16 +215,28 @@ def in_context_copy(model, tok, held_ids, n: int = 50, span: int = 48, repeat: i
     }
 
 
-def tool_call_quality(model_dir, limit: int | None = None, max_new_tokens: int = 160, log=None) -> dict:
+def tool_call_quality(
+    model_dir, limit: int | None = None, max_new_tokens: int = 160, log=None, seed: int | None = None
+) -> dict:
     """`clover-gguf eval tools`' figures for the PyTorch reference on a model folder (free decoding,
-    greedy, threshold 0.9) on the held-out transcripts (the first `limit` of them)."""
+    greedy, threshold 0.9) on the held-out transcripts (the first `limit` of them); with `seed`, on
+    a fresh draw of the held-out set with that seed instead of the committed one."""
+    import tempfile
+
     from ..eval.quality.tools import ReferenceDecoder, ToolsConfig, evaluate, load_turns
+    from .transcripts import HELDOUT_SEED, write_heldout_set
 
     cfg = ToolsConfig(limit=limit, max_new_tokens=max_new_tokens, modes=("free",))
-    turns, _ = load_turns(None, limit)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = None
+        if seed is not None:
+            write_heldout_set(Path(tmp), seed=seed)
+            path = Path(tmp) / "heldout.jsonl"
+        turns, _ = load_turns(path, limit)
     summary, _ = evaluate(ReferenceDecoder(model_dir), turns, cfg, ["free"], log=log or (lambda *a: None))["free"]
     figs = {k: v.get("median") for k, v in summary.items() if k != "counts"}
-    return {"settings": f"greedy, threshold 0.9, max_new_tokens={max_new_tokens}", **figs, **summary["counts"]}
+    settings = f"greedy, threshold 0.9, max_new_tokens={max_new_tokens}"
+    return {"settings": settings, "heldout_seed": HELDOUT_SEED if seed is None else seed, **figs, **summary["counts"]}
 
 
 def targets(q: dict) -> dict:

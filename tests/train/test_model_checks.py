@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from testdata import TINY
 
 from clover_gguf.train import data
 from clover_gguf.train import model_checks as Q
@@ -136,3 +137,18 @@ def test_in_context_copy_scores_a_perfect_copier_one(monkeypatch):
     held = np.arange(100) + 2  # no token repeats inside a span
     res = Q.in_context_copy(T.new_model(tiny_config(), 0), _ByteTok(), held, n=4, span=12, repeat=8)
     assert res["accuracy_with_copy"] == 1.0 and res["accuracy_alone"] == 0.0
+
+
+def test_tool_call_quality_on_a_fresh_draw(tmp_path):
+    """seed: the figures come from a new draw of the held-out set, not the committed one."""
+    from clover_gguf.eval.quality.tools import load_turns
+    from clover_gguf.train.transcripts import write_heldout_set
+
+    write_heldout_set(tmp_path, n=1, seed=24)
+    fresh, _ = load_turns(tmp_path / "heldout.jsonl")
+    committed, _ = load_turns(None, limit=1)
+    assert [t["transcript"]["messages"] for t in fresh] != [t["transcript"]["messages"] for t in committed]
+    q = Q.tool_call_quality(TINY, limit=1, max_new_tokens=8, seed=24)
+    assert q["heldout_seed"] == 24 and q["turns"] == len(fresh)
+    assert q["expected_calls"] == sum(len(t["expected"]) for t in fresh)
+    assert Q.tool_call_quality(TINY, limit=1, max_new_tokens=8)["heldout_seed"] == 23
