@@ -18,14 +18,16 @@ def main(argv=None) -> int:
     ap.add_argument("out", help="new model folder")
     ap.add_argument("models", nargs="+", help="model folders (model.safetensors, config.json, tokenizer)")
     a = ap.parse_args(argv)
-    from clover_gguf.errors import CloverError
+    from clover_gguf.errors import error_line
     from clover_gguf.train.average import average_weights
 
     try:
         info = average_weights(a.out, a.models)
-    except CloverError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except Exception as e:  # what the user can act on is one line; a bug keeps its traceback
+        line = error_line(e)
+        if line is None:
+            raise
+        raise SystemExit(line) from None
     print(f"{a.out}: the mean of {len(info['sources'])} model folders")
     return 0
 

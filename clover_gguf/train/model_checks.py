@@ -230,7 +230,7 @@ def tool_call_quality(
     with tempfile.TemporaryDirectory() as tmp:
         path = None
         if seed is not None:
-            write_heldout_set(Path(tmp), seed=seed)
+            write_heldout_set(Path(tmp), **({"n": limit} if limit else {}), seed=seed)  # draws are per index
             path = Path(tmp) / "heldout.jsonl"
         turns, _ = load_turns(path, limit)
     summary, _ = evaluate(ReferenceDecoder(model_dir), turns, cfg, ["free"], log=log or (lambda *a: None))["free"]

@@ -88,5 +88,7 @@ def test_refused_inputs_are_one_line(tmp_path):
     one_line_error(run(tmp_path / "o5", a, empty), str(empty / "model.safetensors"))
     one_line_error(run(a, a, other_shape), "is one of the inputs")
     one_line_error(run(tmp_path / "o6", a), "at least two")
+    (tmp_path / "file").write_text("")
+    one_line_error(run(tmp_path / "file", a, a), str(tmp_path / "file"))
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 7))
     assert load_file(str(a / "model.safetensors"))["w"].tolist() == [1.0, 1.0]
