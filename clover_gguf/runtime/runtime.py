@@ -633,6 +633,11 @@ class _BatchRun:
             return
         if grammar:
             rt._check(lib.clover_batch_set_constraint(batch, seq, grammar), "clover_batch_set_constraint")
+            if c.grammar_triggers:  # unconstrained steps until a trigger token (clover.h)
+                trig = [int(t) for t in c.grammar_triggers]
+                rt._check(
+                    lib.clover_batch_set_triggers(batch, seq, B.token_ptr(trig), len(trig)), "clover_batch_set_triggers"
+                )
         if c.n_probs:
             rt._check(lib.clover_batch_set_top_probs(batch, seq, c.n_probs), "clover_batch_set_top_probs")
         if c.first_block is not None:

@@ -74,7 +74,22 @@ def test_token_labels_and_block_classes():
 def rec(tid, text, tools=OFFERED, expected=()):
     emitted = E.parse_sections(text, tools)
     blocks = {"call": [16, 4], "prose": [16, 8], "think": [0, 0]}
-    return {"id": tid, "emitted": emitted, "matched": E.match_calls(list(expected), emitted), "blocks": blocks}
+    return {
+        "id": tid,
+        "emitted": emitted,
+        "outside_call": E.outside_call(text),
+        "matched": E.match_calls(list(expected), emitted),
+        "blocks": blocks,
+    }
+
+
+def test_outside_call():
+    bare = '\n{"name": "read_file", "arguments": {"path": "a.py"}}'
+    assert E.outside_call("Let me look." + bare)
+    assert E.outside_call(CALL + "\n" + bare)  # after a closed section
+    assert not E.outside_call(CALL)  # the JSON inside a section is not outside
+    assert not E.outside_call(CALL + "\n<tool_call>\n" + bare)  # inside an open section
+    assert not E.outside_call('The dict {"path": "a.py"} has no name.')
 
 
 def test_figures():
@@ -103,8 +118,20 @@ def test_figures():
     assert f["exact_arguments"] == pytest.approx(1 / 3)
     assert f["calls_where_none_expected"] == 0.5
     assert f["json_validity"] == 1.0 and f["sections"] == 3
+    assert f["returned_calls"] == 3 and f["returned_calls_valid"] == 1.0
+    assert f["cut_sections"] == 0 and f["turns_with_outside_call"] == 0
     assert f["same_call_as_bf16"] == 0.5 and f["compared_with_bf16"] == 2
     assert f["tokens_per_step_call"] == 4.0 and f["tokens_per_step_prose"] == 2.0 and f["tokens_per_step_think"] is None
+    # a cut section is emitted and invalid, but not returned; a bare call is counted apart
+    bad_schema = CALL.replace('"start_line": 3', '"start_line": "3"')
+    cut = '<tool_call>\n{"name": "grep", "arguments": {"pattern": "x_is_is'
+    g = E.figures(
+        turns[:2],
+        [rec("a", bad_schema + "\n" + cut, expected=[e_read]), rec("b", '{"name": "grep"}', expected=[e_grep])],
+    )
+    assert g["sections"] == 2 and g["schema_validity"] == 0.0
+    assert g["returned_calls"] == 1 and g["returned_calls_valid"] == 0.0
+    assert g["cut_sections"] == 1 and g["turns_with_outside_call"] == 1
     s = E.summarize([f, f, {**f, "valid_calls": 0.0}])
     assert s["valid_calls"]["n"] == 3 and s["valid_calls"]["median"] == pytest.approx(2 / 3)
     assert s["valid_calls"]["p10"] < s["valid_calls"]["median"]

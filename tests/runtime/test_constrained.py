@@ -77,6 +77,52 @@ def test_constrained_steps_walk_left_to_right(rt, chat_ids):
     assert res.blocks[0].tokens_per_step == [4, 4, 4, 4]
 
 
+def _read_file_grammar(rt):
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+    return tool_call_grammar([tool], parallel=False), [rt.token_id("<tool_call>")]
+
+
+@pytest.mark.parametrize(
+    "cfg", [dict(), dict(steps=4), dict(temperature=0.8, seed=3)], ids=["greedy", "steps4", "temp"]
+)
+def test_a_lazy_grammar_before_its_trigger_writes_what_free_decoding_writes(rt, chat_ids, cfg):
+    """A lazy grammar filters nothing before its trigger: the sequence steps as an unconstrained
+    one (most confident first), the same tokens in the same steps, not left to right."""
+    g, trig = _read_file_grammar(rt)
+    free = rt.generate(chat_ids, GenerationConfig(max_new_tokens=48, block_size=16, **cfg))
+    lazy = rt.generate(
+        chat_ids, GenerationConfig(max_new_tokens=48, block_size=16, grammar=g, grammar_triggers=trig, **cfg)
+    )
+    assert trig[0] not in free.tokens  # clover-tiny never opens a call by itself
+    end = next((i for i, t in enumerate(free.tokens) if t in rt.eog), len(free.tokens))
+    assert lazy.tokens[:end] == free.tokens[:end]
+    assert [b.tokens_per_step for b in lazy.blocks] == [b.tokens_per_step for b in free.blocks][: len(lazy.blocks)]
+
+
+def test_a_lazy_grammar_constrains_what_follows_its_trigger(rt, chat_ids):
+    """A trigger token given at position 5: positions 0-4 are decoded freely, the call after it
+    under the grammar (a complete, valid call), and the grammar ends the reply."""
+    g, trig = _read_file_grammar(rt)
+    m = rt.mask_token_id
+    res = rt.generate(
+        chat_ids,
+        GenerationConfig(
+            max_new_tokens=96, block_size=16, grammar=g, grammar_triggers=trig, first_block=[m] * 5 + trig + [m] * 10
+        ),
+    )
+    assert res.tokens[5] == trig[0] and trig[0] not in res.tokens[:5]
+    after = rt.detokenize([t for t in res.tokens[6:] if t not in rt.eog])
+    assert after.startswith("\n") and after.endswith("}\n</tool_call>")
+    call = json.loads(after[1 : -len("\n</tool_call>")])
+    assert call["name"] == "read_file" and isinstance(call["arguments"]["path"], str)
+
+
 def test_probs_and_top_tokens(rt, chat_ids):
     res = rt.generate(chat_ids, GenerationConfig(max_new_tokens=16, block_size=16, n_probs=3))
     b = res.blocks[0]

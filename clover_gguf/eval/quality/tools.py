@@ -18,7 +18,10 @@ Per file, provider and decoding mode (median and p10/p90 over --repeats, which n
 - valid calls: expected calls answered by a section whose JSON parses and validates against the
   named tool's schema (jsonschema), the named tool being offered (the issue's 80 % target);
 - name accuracy: expected calls answered with the right tool name (the 70 % target);
-- JSON validity and schema validity of the sections emitted;
+- JSON validity and schema validity of the sections emitted (a section the token limit cut counts
+  as emitted and invalid), and the schema validity of the calls the server returns (the sections that
+  parse as a call: constrained, the grammar's guarantee); the sections the limit cut, and the replies
+  that wrote a call's JSON outside any section (the lazy grammar never sees those);
 - exact arguments: against the transcript, and against the BF16 reference's call in the same turn;
 - calls where none is expected;
 - tokens per step of the schedule on blocks inside calls vs prose (and thinking) blocks.
@@ -27,11 +30,12 @@ Per file, provider and decoding mode (median and p10/p90 over --repeats, which n
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ...reference.generate import GenerationConfig
-from ...tokenizer import tool_call_sections
+from ...tokenizer import END_TOOL_CALL, tool_call_sections
 from .metrics import spread
 from .tool_blocks import BLOCK_CLASSES, IM_END, block_steps, gen_config, token_labels
 
@@ -181,6 +185,20 @@ def parse_sections(content: str, tools: list[dict]) -> list[dict]:
     return out
 
 
+_BARE_CALL = re.compile(r'\{\s*"name"\s*:\s*"')
+
+
+def outside_call(content: str) -> bool:
+    """Whether the reply writes a call's JSON (`{"name": "...`) outside every `<tool_call>` section:
+    a call the server does not return, and which a lazy grammar never constrains."""
+    keep, pos = [], 0
+    for i, _, j in tool_call_sections(content):
+        keep.append(content[pos:i])
+        pos = len(content) if j is None else j + len(END_TOOL_CALL)
+    keep.append(content[pos:])
+    return any(_BARE_CALL.search(k) for k in keep)
+
+
 def match_calls(expected: list[dict], emitted: list[dict]) -> list[dict | None]:
     """The emitted section answering each expected call: the first unused one with its name,
     else the first unused one (None: too few sections)."""
@@ -225,6 +243,7 @@ def run_turn(dec, turn: dict, cfg: ToolsConfig, mode: str, seed: int) -> dict:
         "seed": seed,
         "text": text.split(IM_END)[0],
         "emitted": emitted,
+        "outside_call": outside_call(content),
         "matched": match_calls(turn["expected"], emitted),
         "blocks": block_steps(res, token_labels(pieces, turn["thinking"])),
         "prompt_tokens": len(ids),
@@ -246,6 +265,7 @@ def figures(turns: list[dict], recs: list[dict], ref: dict | None = None) -> dic
     valid = names = exact = 0
     vs_ref = [0, 0]
     no_call = false_call = 0
+    returned = returned_ok = cut = outside = 0
     steps = {k: [0, 0] for k in BLOCK_CLASSES}
     for t, r in zip(turns, recs):
         for k in BLOCK_CLASSES:
@@ -254,6 +274,10 @@ def figures(turns: list[dict], recs: list[dict], ref: dict | None = None) -> dic
         emitted += len(r["emitted"])
         json_ok += sum(s["json"] for s in r["emitted"])
         schema_ok += sum(s["schema"] for s in r["emitted"])
+        returned += sum(s["closed"] and s["json"] for s in r["emitted"])
+        returned_ok += sum(s["closed"] and s["schema"] for s in r["emitted"])
+        cut += sum(not s["closed"] for s in r["emitted"])
+        outside += bool(r.get("outside_call"))
         if not t["expected"]:
             no_call += 1
             false_call += bool(r["emitted"])
@@ -284,6 +308,10 @@ def figures(turns: list[dict], recs: list[dict], ref: dict | None = None) -> dic
         "sections": emitted,
         "json_validity": frac(json_ok, emitted),
         "schema_validity": frac(schema_ok, emitted),
+        "returned_calls_valid": frac(returned_ok, returned),
+        "returned_calls": returned,
+        "cut_sections": cut,
+        "turns_with_outside_call": outside,
         "same_call_as_bf16": frac(vs_ref[1], vs_ref[0]),
         "compared_with_bf16": vs_ref[0],
         "turns_expecting_none": no_call,
@@ -300,6 +328,7 @@ FIGURES = (
     "exact_arguments",
     "json_validity",
     "schema_validity",
+    "returned_calls_valid",
     "same_call_as_bf16",
     "calls_where_none_expected",
     "tokens_per_step_call",

@@ -12,6 +12,7 @@ PCT_FIGURES = [
     ("call_rate", "call rate %"),
     ("json_validity", "JSON valid %"),
     ("schema_validity", "schema valid %"),
+    ("returned_calls_valid", "returned calls valid %"),
     ("exact_arguments", "exact args (transcript) %"),
     ("same_call_as_bf16", "same call as BF16 %"),
     ("calls_where_none_expected", "calls where none expected %"),
@@ -38,8 +39,14 @@ def figures_table(run: dict) -> str:
                 + [_v(s[k], 100) for k, _ in PCT_FIGURES]
                 + [_v(s[k], 1, 2) for k, _ in TPS_FIGURES]
                 + [f"{c['expected_calls']} / {c['turns_expecting_none']}"]
+                + [f"{c.get('cut_sections', '–')} / {c.get('turns_with_outside_call', '–')}"]
             )
-    head = ["file", "decoding"] + [h for _, h in PCT_FIGURES] + [h for _, h in TPS_FIGURES] + ["calls / no-call turns"]
+    head = (
+        ["file", "decoding"]
+        + [h for _, h in PCT_FIGURES]
+        + [h for _, h in TPS_FIGURES]
+        + ["calls / no-call turns", "cut at the limit / call outside a section"]
+    )
     return md_table(head, rows)
 
 
@@ -87,7 +94,12 @@ def tools_markdown(run: dict, plot: str | None) -> str:
         "valid calls: expected calls answered by a section that parses and validates against the named, "
         "offered tool's schema; same call as BF16: the same name and arguments as the BF16 reference's free "
         "reply (constrained rows: as the first file's constrained reply, since a grammar unmasks a call left to "
-        "right), where both wrote a parsable call. tok/step: tokens per denoising step on the blocks mostly "
+        "right), where both wrote a parsable call. schema valid: of the sections emitted, one the token limit "
+        "cut counting as invalid; returned calls valid: of the closed sections that parse as a call, the ones "
+        "the server returns as tool_calls (constrained: what the grammar guarantees). cut at the limit: "
+        "sections still open when the turn reached the token limit; call outside a section: replies that "
+        "wrote a call's JSON without `<tool_call>` (the server returns it as text; a lazy grammar never sees "
+        "it). tok/step: tokens per denoising step on the blocks mostly "
         "inside a tool call, in prose, in thinking.",
         "",
         figures_table(run),
