@@ -265,7 +265,7 @@ def figures(turns: list[dict], recs: list[dict], ref: dict | None = None) -> dic
     valid = names = exact = 0
     vs_ref = [0, 0]
     no_call = false_call = 0
-    returned = returned_ok = cut = outside = 0
+    cut = outside = 0
     steps = {k: [0, 0] for k in BLOCK_CLASSES}
     for t, r in zip(turns, recs):
         for k in BLOCK_CLASSES:
@@ -274,8 +274,6 @@ def figures(turns: list[dict], recs: list[dict], ref: dict | None = None) -> dic
         emitted += len(r["emitted"])
         json_ok += sum(s["json"] for s in r["emitted"])
         schema_ok += sum(s["schema"] for s in r["emitted"])
-        returned += sum(s["closed"] and s["json"] for s in r["emitted"])
-        returned_ok += sum(s["closed"] and s["schema"] for s in r["emitted"])
         cut += sum(not s["closed"] for s in r["emitted"])
         outside += bool(r.get("outside_call"))
         if not t["expected"]:
@@ -308,8 +306,9 @@ def figures(turns: list[dict], recs: list[dict], ref: dict | None = None) -> dic
         "sections": emitted,
         "json_validity": frac(json_ok, emitted),
         "schema_validity": frac(schema_ok, emitted),
-        "returned_calls_valid": frac(returned_ok, returned),
-        "returned_calls": returned,
+        # a section parses as a call only when closed: those are the calls the server returns
+        "returned_calls_valid": frac(schema_ok, json_ok),
+        "returned_calls": json_ok,
         "cut_sections": cut,
         "turns_with_outside_call": outside,
         "same_call_as_bf16": frac(vs_ref[1], vs_ref[0]),
