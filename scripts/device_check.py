@@ -92,12 +92,17 @@ def parity(out: Path, mode: str) -> dict:
 # ----------------------------------------------------------------------------- kernels
 # The plan's GPU terms (clover_gguf/plan/kernels.py) measured on this GPU: test-backend-ops perf
 # on dense MUL_MATs of every type Clover's recipes use at 1-64 rows (a --test-file of generic
-# ops, so the shapes and types are ours), and upstream's MUL_MAT_ID perf cases (128 experts,
-# top-8, random routing) for the MoE / dense ratio. The result is summary.json's "kernels",
-# which `clover-gguf plan --calibration summary.json` reads.
+# ops, so the shapes and types are ours); upstream's MUL_MAT_ID perf cases (Qwen3-30B-A3B's: 128
+# experts, top-8, 768 x 2048, random routing) at 32-128 rows, as G weights/s by rows per touched
+# expert (the plan's MoE term); and host-to-device copies, pinned and pageable. The result is
+# summary.json's "kernels", which `clover-gguf plan --calibration summary.json` reads: each of
+# these terms then stands at its measurement instead of its public sources' range.
 
 KERNEL_TYPES = ("f16", "bf16", "q8_0", "q6_K", "q5_K", "q4_K", "iq4_xs", "q3_K", "iq3_s", "iq2_s")
 KERNEL_ROWS = (1, 8, 16, 32, 64)
+MOE_CASE = {"experts": 128, "top_k": 8, "m": 768, "k": 2048}  # upstream's qwen3-30b-a3b perf cases
+MOE_ROWS = (32, 64, 128)  # MMQ (more than 8 rows), as the perf list has them
+COPY_MIB = (1, 16, 64)  # the rate and the per-call cost from 1 and 16 MiB (Clover's copies: runs of experts)
 
 
 def _ggml_op_index(ggml_h: Path, name: str) -> int:
@@ -162,22 +167,59 @@ def _gpu_props(mode: str) -> dict:
             "table_entry": key.key if key else None}  # fmt: skip
 
 
-def kernels(out: Path, mode: str, bin_dir: Path, ggml_h: Path) -> dict:
-    exe = bin_dir / "test-backend-ops"
-    backend = "CUDA0" if mode == "gpu" else "CPU"
-    m, k = (14336, 4096) if mode == "gpu" else (256, 256)
-    types, rows = (KERNEL_TYPES, KERNEL_ROWS) if mode == "gpu" else (("bf16", "q4_K", "iq2_s"), (1, 32))
-    cases = _kernel_file(out / "kernel-cases.txt", ggml_h, m, k, types, rows)
-    r = subprocess.run([str(exe), "perf", "-b", backend, "--test-file", str(out / "kernel-cases.txt")],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
-    (out / "kernels-dense.log").write_text(r.stdout + r.stderr)
-    times = _perf_times(r.stdout)
-    props = _gpu_props(mode)
+def _copy_rates(reps: int = 5) -> dict:
+    """Host-to-device cudaMemcpy of COPY_MIB from pinned (cudaMallocHost) and pageable (malloc)
+    memory, median of `reps`; as GB/s + ms a call (the plan's form: kernels.KernelTable.copy)."""
+    import ctypes
+
+    rt = ctypes.CDLL("libcudart.so")
+    size = max(COPY_MIB) << 20
+    dev, pin = ctypes.c_void_p(), ctypes.c_void_p()
+    rt.cudaMalloc(ctypes.byref(dev), ctypes.c_size_t(size))
+    rt.cudaMallocHost(ctypes.byref(pin), ctypes.c_size_t(size))
+    pageable = ctypes.create_string_buffer(size)
+    out = {}
+    try:
+        for kind, src in (("pinned", pin.value), ("pageable", ctypes.addressof(pageable))):
+            ms = {}
+            for mib in COPY_MIB:
+                n = mib << 20
+                times = []
+                for _ in range(reps + 1):
+                    rt.cudaDeviceSynchronize()
+                    t = time.perf_counter()
+                    rt.cudaMemcpy(dev, ctypes.c_void_p(src), ctypes.c_size_t(n), 1)  # cudaMemcpyHostToDevice
+                    rt.cudaDeviceSynchronize()
+                    times.append((time.perf_counter() - t) * 1e3)
+                ms[mib] = statistics.median(times[1:])
+            out[kind] = copy_fit(ms)
+    finally:
+        rt.cudaFree(dev)
+        rt.cudaFreeHost(pin)
+    return out
+
+
+def copy_fit(ms: dict[int, float], a: int = 1, b: int = 16) -> dict:
+    """{MiB: ms} -> GB/s and ms a call from the a and b MiB copies (PR #976's sizes, as the seeds)."""
+    gb_per_ms = ((b - a) * 2**20 / 1e9) / (ms[b] - ms[a])
+    return {"gbs": gb_per_ms * 1e3, "call_ms": max(0.0, ms[a] - a * 2**20 / 1e9 / gb_per_ms),
+            "ms": {str(k): v for k, v in ms.items()}}  # fmt: skip
+
+
+def moe_rows_per_expert(n: int, experts: int = MOE_CASE["experts"], top_k: int = MOE_CASE["top_k"]) -> float:
+    """Mean rows a touched expert gets when n rows each pick top_k distinct experts at random (as
+    test-backend-ops draws the ids: a shuffled permutation a row)."""
+    return n * top_k / (experts * (1 - (1 - top_k / experts) ** n))
+
+
+def kernels_result(dense_text: str, moe_text: str, cases: dict, props: dict, copy: dict | None, m: int, k: int) -> dict:
+    """The kernels stage's result from test-backend-ops' perf output (dense: the --test-file
+    cases; moe: upstream's MUL_MAT_ID cases), the GPU's properties and the copy figures."""
     bw = props["bandwidth_gbs"]
     dense: dict[str, dict[int, float]] = {}
     mmq: dict[str, dict[str, float]] = {}
     bwf: dict[str, float] = {}
-    for key, us in times.items():
+    for key, us in _perf_times(dense_text).items():
         name = re.search(r"name=(clover_\w+?_n\d+)", key)
         if not name or name.group(1) not in cases:
             continue
@@ -187,39 +229,51 @@ def kernels(out: Path, mode: str, bin_dir: Path, ggml_h: Path) -> dict:
             bwf[t] = nbytes / (us * 1e3) / bw  # bandwidth-bound regimes: a fraction of the vendor figure
         if t not in ("f16", "bf16") and n >= 16:
             mmq.setdefault(t, {})[str(n)] = weights / (us * 1e3)  # G weights/s
-    # upstream's MoE perf cases: 128 experts, top-8, m=768, k=2048, random routing
-    moe = {}
-    if mode == "gpu":
-        r = subprocess.run([str(exe), "perf", "-b", backend, "-o", "MUL_MAT_ID",
-                            "-p", "n_mats=128,n_used=8,b=0,m=768,n=(8|16|32|64),k=2048"],
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
-        (out / "kernels-moe.log").write_text(r.stdout + r.stderr)
-        for key, us in _perf_times(r.stdout).items():
-            mt = re.match(r"MUL_MAT_ID\(type_a=(\w+),type_b=f32,n_mats=128,n_used=8,b=0,m=768,n=(\d+),k=2048", key)
-            if mt:
-                n = int(mt.group(2))
-                touched = 128 * (1 - (1 - 8 / 128) ** n)
-                moe.setdefault(mt.group(1).lower(), {})[str(n)] = touched * 768 * 2048 / (us * 1e3)
-    ratios = [moe[t][j] / mmq[t][j] for t in moe for j in moe[t] if j in mmq.get(t, {})]
-    res = {
+    moe: dict[str, dict[str, float]] = {}
+    pat = (r"MUL_MAT_ID\(type_a=(\w+),type_b=f32,n_mats={experts},n_used={top_k},b=0,m={m},n=(\d+),k={k},amax="
+           .format(**MOE_CASE))  # fmt: skip
+    for key, us in _perf_times(moe_text).items():
+        mt = re.match(pat, key)
+        if mt and int(mt.group(2)) > 8 and mt.group(1).lower() not in ("f16", "f32"):
+            n = int(mt.group(2))
+            rho = moe_rows_per_expert(n)
+            touched = MOE_CASE["experts"] * (1 - (1 - MOE_CASE["top_k"] / MOE_CASE["experts"]) ** n)
+            moe.setdefault(mt.group(1).lower(), {})[f"{rho:.3f}"] = touched * MOE_CASE["m"] * MOE_CASE["k"] / (us * 1e3)
+    return {
         **props,
-        "mmq": mmq,  # type -> rows -> G weights/s (dense, m=14336 k=4096)
+        "mmq": mmq,  # type -> rows -> G weights/s (dense, m x k)
+        "moe": moe,  # type -> rows per touched expert -> G touched weights/s (MUL_MAT_ID)
+        "moe_case": MOE_CASE,
         "float_bw": bwf.get("bf16"),
         "mmvq_bw": {t: f for t, f in bwf.items() if t not in ("f16", "bf16")},
-        "moe_gws": moe,
-        "moe_vs_dense": statistics.median(ratios) if ratios else None,
+        "copy": copy,  # {"pinned"|"pageable": {"gbs", "call_ms", "ms"}} (GPU runs only)
         "dense_us": dense,
         "shape": {"m": m, "k": k},
     }
+
+
+def kernels(out: Path, mode: str, bin_dir: Path, ggml_h: Path) -> dict:
+    exe = bin_dir / "test-backend-ops"
+    backend = "CUDA0" if mode == "gpu" else "CPU"
+    m, k = (14336, 4096) if mode == "gpu" else (256, 256)
+    types, rows = (KERNEL_TYPES, KERNEL_ROWS) if mode == "gpu" else (("bf16", "q4_K", "iq2_s"), (1, 32))
+    cases = _kernel_file(out / "kernel-cases.txt", ggml_h, m, k, types, rows)
+    r = subprocess.run([str(exe), "perf", "-b", backend, "--test-file", str(out / "kernel-cases.txt")],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    (out / "kernels-dense.log").write_text(r.stdout + r.stderr)
+    dense_text, moe_text, copy = r.stdout, "", None
+    if mode == "gpu":
+        ns = "|".join(str(n) for n in MOE_ROWS)
+        flt = "n_mats={experts},n_used={top_k},b=0,m={m},n=({ns}),k={k},amax".format(ns=ns, **MOE_CASE)
+        r = subprocess.run([str(exe), "perf", "-b", backend, "-o", "MUL_MAT_ID", "-p", flt],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+        (out / "kernels-moe.log").write_text(r.stdout + r.stderr)
+        moe_text = r.stdout
+        copy = _copy_rates()
+    res = kernels_result(dense_text, moe_text, cases, _gpu_props(mode), copy, m, k)
     (out / "kernels.json").write_text(json.dumps(res, indent=1) + "\n")
-    log(
-        "kernels:",
-        {t: v.get("32") for t, v in mmq.items()},
-        "float_bw",
-        res["float_bw"],
-        "moe/dense",
-        res["moe_vs_dense"],
-    )
+    log("kernels:", {t: v.get("32") for t, v in res["mmq"].items()}, "float_bw", res["float_bw"], "moe", res["moe"],
+        "copy", {c: (v["gbs"], v["call_ms"]) for c, v in (copy or {}).items()})  # fmt: skip
     return res
 
 
@@ -547,7 +601,11 @@ def _summary_plan_terms(s: dict) -> list[str]:
         L += ["", f"## Kernels on {k['gpu']} ({k['sms']} SMs, {k['ghz']:.3f} GHz): G weights/s, dense", ""]
         L += [f"- {t}: " + ", ".join(f"{n} rows {v:.0f}" for n, v in sorted(per.items(), key=lambda x: int(x[0])))
               for t, per in sorted(k["mmq"].items())]  # fmt: skip
-        L.append(f"- bf16 bandwidth fraction at 32 rows: {k['float_bw']}; MoE / dense per weight: {k['moe_vs_dense']}")
+        L.append(f"- bf16 bandwidth fraction at 32 rows: {k['float_bw']}")
+        L += [f"- MUL_MAT_ID {t}: " + ", ".join(f"{float(r):.2f} rows/expert {v:.0f}" for r, v in sorted(per.items(),
+              key=lambda x: float(x[0]))) for t, per in sorted((k.get("moe") or {}).items())]  # fmt: skip
+        for c, v in (k.get("copy") or {}).items():
+            L.append(f"- {c} host-to-device copies: {v['gbs']:.2f} GB/s + {1e3 * v['call_ms']:.1f} us a call")
     m = s.get("memory")
     if m:
         L += [

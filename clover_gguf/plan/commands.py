@@ -58,7 +58,9 @@ def plan_cmd(
     calibrate_files, validate_files, threads, list_gpus,
 ):  # fmt: skip
     """Options that fit a GPU: recipe, exact sizes, the VRAM/RAM placement `run --fit` makes,
-    predicted tok/s at 4 and 8 tokens per step, a KL prior, and the convert/run lines. docs/plan.md.
+    predicted tok/s at 4 and 8 tokens per step (ranges from the spread of the GPU model's public
+    sources; assumptions and unanchored terms named), a KL prior, and the convert/run lines.
+    docs/plan.md.
 
     \b
     clover-gguf plan --shape clover-35b-a3b --gpu rtx5070ti

@@ -7,8 +7,9 @@ GPU over every row of the block); a commit runs none.
 
 GPU time (every figure `predicted` until scripts/device_check.sh has run): each weight matrix
 costs what llama.cpp's CUDA kernel for its type and rows costs (plan.kernels: MMQ for quantized
-weights and more than 8 rows, a bandwidth fraction otherwise), plus a fixed cost per pass and
-per layer. Experts kept in host memory (-ot ...=CPU) cost what the runtime as built does with
+weights and more than 8 rows, MUL_MAT_ID's own rate by rows per touched expert for routed
+experts, a bandwidth fraction otherwise), plus a fixed cost per pass and per layer (fitted to
+public figures: plan.public). Experts kept in host memory (-ot ...=CPU) cost what the runtime as built does with
 them (ggml-backend.cpp, ggml-cuda.cu; docs/plan.md has the lines): with op offload (the default)
 and a batch of at least 32 rows, the scheduler synchronises the GPU before each host tensor's
 split, reads the router's ids back (once per layer), copies only the experts they use, one cudaMemcpyAsync per run of consecutive expert ids, into a
@@ -31,7 +32,7 @@ from pathlib import Path
 from ..config import CloverConfig
 from ..convert import quants
 from ..convert.tensor_plan import Plan
-from .kernels import FLOAT_TYPES, MMQ_MAX_ROWS_MMVQ, KernelTable
+from .kernels import FLOAT_TYPES, MMQ_MAX_ROWS_MMVQ, TILES, KernelTable
 from .routing import Routing, uniform
 
 LM_VEC_MAX = 7  # rows ggml's CPU matmul does one by one (measured: 1-7 linear, a jump at 8)
@@ -39,22 +40,10 @@ LM_TILE = 16  # rows of a tile above that
 # ggml-cuda.cu:5835 (GGML_OP_OFFLOAD_MIN_BATCH, default 32); a MUL_MAT_ID's batch is its tokens
 # (ggml-cuda.cu:5646-5659, op->ne[2])
 OP_OFFLOAD_MIN_BATCH = 32
-# Assumptions without a public anchor (docs/plan.md, "GPU constants"); device_check.sh measures
-# the step these feed into
-GPU_STEP_OVERHEAD_MS = 1.0  # host sampling + graph launch + sync per pass
-GPU_LAYER_OVERHEAD_MS = 0.05  # Clover's non-matmul kernels per layer (delta rule, conv, norms)
-# one GPU stream sync (or a small read back to the host). With one GPU the scheduler has no
-# events (they exist with pipeline parallelism only: ggml-backend.cpp:1921-1925,
-# llama-context.cpp:430-457), so it synchronises the GPU before it overwrites any split input
-# (ggml-backend.cpp:1702-1707): once per offloaded host tensor, plus the ids read (:1741-1745)
-SYNC_MS = 0.02
-# Host-to-device copies, NVlabs/cuda-oxide PR #976 (RTX 4090, PCIe 4.0 x16, 31.5 GB/s raw):
-# pinned 22.51 GB/s at 1 MiB, 23.9 at 16-64 MiB; pageable 13.73 at 1 MiB, 18.42 at 16 MiB.
-# As rate + cost per call: pinned 23.9 GB/s (0.76 of raw) + 2.7 us, pageable 18.4 GB/s
-# (0.58 of raw, and at most 18.4 GB/s: the driver stages pageable copies through a CPU memcpy)
-# + 19 us.
-PCIE_PINNED_FRACTION, PCIE_PINNED_CALL_MS = 0.76, 0.0027
-PCIE_PAGEABLE_FRACTION, PCIE_PAGEABLE_CALL_MS, PCIE_PAGEABLE_MAX_GBS = 0.58, 0.019, 18.4
+# With one GPU the scheduler has no events (they exist with pipeline parallelism only:
+# ggml-backend.cpp:1921-1925, llama-context.cpp:430-457), so it synchronises the GPU before it
+# overwrites any split input (ggml-backend.cpp:1702-1707): once per offloaded host tensor, plus
+# the ids read (:1741-1745). The GPU constants (sync, copies, fixed costs) are plan.kernels'.
 COPY_PADDING = 512  # ggml-backend.cpp:1764: each run copies up to 512 bytes more (MMQ padding)
 
 
@@ -131,6 +120,7 @@ class Mat:
     qtype: str
     rows: int
     moe: bool = False  # routed experts (MUL_MAT_ID)
+    per_expert: float = 0.0  # MUL_MAT_ID: mean rows per touched expert
 
 
 @dataclass
@@ -142,6 +132,7 @@ class HostTensor:
     qtype: str
     n_experts: int
     frac: float  # touched by this pass's rows
+    top_k: int = 0  # experts a row uses (rows per touched expert: MUL_MAT_ID's rate)
 
 
 @dataclass
@@ -206,10 +197,10 @@ def forward_work(
             if layer in cpu_layers:
                 w.cpu_expert_bytes_touched += frac * e.nbytes
                 w.cpu_expert_bytes_full += e.nbytes
-                w.host.setdefault(layer, []).append(HostTensor(n, e.nbytes, _qtype(e), e.shape[0], frac))
+                w.host.setdefault(layer, []).append(HostTensor(n, e.nbytes, _qtype(e), e.shape[0], frac, k))
             else:
                 w.bytes_ += frac * e.nbytes
-                w.mats.append(Mat(frac * n, frac * e.nbytes, _qtype(e), T, moe=True))
+                w.mats.append(Mat(frac * n, frac * e.nbytes, _qtype(e), T, True, rows_per_expert(T, k, E, frac)))
         else:
             w.bytes_ += e.nbytes
             if len(e.shape) >= 2:
@@ -231,7 +222,17 @@ def forward_work(
     w.cpu_expert_macs = n_cpu * exp_macs
     w.host_layer_macs = exp_macs
     w.n_cpu_layers = len(cpu_layers)
+    # GPU only (the CPU fit has these in its terms): the memory state each layer reads, and the
+    # logits the in-graph sampler reads back (plan.cost.gpu_ms: float bandwidth)
+    w.mats.append(Mat(0, L * Hkv * D * D * 4, "f32", T))
+    if lm_rows > 0:
+        w.mats.append(Mat(0, 2 * lm_rows * cfg.vocab_size * 4, "f32", T))
     return w
+
+
+def rows_per_expert(T: float, k: int, E: int, frac: float) -> float:
+    """Mean rows a touched expert gets: T rows routed to k experts each, over E x frac experts."""
+    return T * k / (E * frac) if frac > 0 else 1.0
 
 
 @dataclass
@@ -250,14 +251,9 @@ class HostLink:
     op_offload: bool = True
     pinned: bool = False  # mmap (the default) leaves them in pageable memory
 
-    def gbs(self, raw: float) -> float:
-        if self.pinned:
-            return PCIE_PINNED_FRACTION * raw
-        return min(PCIE_PAGEABLE_FRACTION * raw, PCIE_PAGEABLE_MAX_GBS)
-
-    @property
-    def call_ms(self) -> float:
-        return PCIE_PINNED_CALL_MS if self.pinned else PCIE_PAGEABLE_CALL_MS
+    def copy(self, raw: float, kern: KernelTable | None = None) -> tuple[float, float]:
+        """(GB/s, ms a call) of a host-to-device copy over a link of `raw` GB/s (plan.kernels)."""
+        return (kern or KernelTable()).copy(raw, self.pinned)
 
 
 def tile_rows(rows: int) -> int:
@@ -266,16 +262,26 @@ def tile_rows(rows: int) -> int:
     return min(128, 8 * math.ceil(rows / 8))
 
 
-def mat_ms(m: Mat, dev: Device, kern: KernelTable) -> float:
+def mat_cost(m: Mat, dev: Device, kern: KernelTable) -> tuple[float, str]:
+    """(ms, the kernels.Term that sets it) of one weight matrix over its rows."""
     if m.nbytes <= 0:
-        return 0.0
+        return 0.0, "float_bw"
     bw = dev.bandwidth_gbs * 1e6  # bytes per ms
     if m.qtype in FLOAT_TYPES or m.rows <= MMQ_MAX_ROWS_MMVQ:
-        return m.nbytes / (kern.bw_fraction(m.qtype) * bw)
-    rate = kern.mmq_rate(m.qtype, tile_rows(m.rows)) * dev.sm_ghz * 1e6  # weights per ms
+        return m.nbytes / (kern.bw_fraction(m.qtype) * bw), "float_bw" if m.qtype in FLOAT_TYPES else "mmvq_bw"
     if m.moe:
-        rate *= kern.moe_factor[0]
-    return max(m.weights / rate, m.nbytes / (kern.bw_fraction("bf16") * bw))
+        t, term = m.weights / (kern.moe_rate(m.qtype, m.per_expert) * dev.sm_ghz * 1e6), "moe"  # weights per ms
+    elif m.rows > TILES[-1]:  # beyond the seeds: column tiles of the widest seeded width
+        t = m.weights * math.ceil(m.rows / TILES[-1]) / (kern.mmq_rate(m.qtype, TILES[-1]) * dev.sm_ghz * 1e6)
+        term = "mmq"
+    else:
+        t, term = m.weights / (kern.mmq_rate(m.qtype, tile_rows(m.rows)) * dev.sm_ghz * 1e6), "mmq"
+    floor = m.nbytes / (kern.bw_fraction("bf16") * bw)
+    return (t, term) if t >= floor else (floor, "float_bw")
+
+
+def mat_ms(m: Mat, dev: Device, kern: KernelTable) -> float:
+    return mat_cost(m, dev, kern)[0]
 
 
 def expected_runs(n: int, p: float) -> float:
@@ -285,29 +291,57 @@ def expected_runs(n: int, p: float) -> float:
 
 def host_layer_ms(ts: list[HostTensor], w: Work, dev: Device, kern: KernelTable, link: HostLink, cpu) -> float:
     """One pass's cost of one layer whose routed experts sit in host memory."""
+    return sum(host_layer_costs(ts, w, dev, kern, link, cpu).values())
+
+
+def host_layer_costs(ts: list[HostTensor], w: Work, dev: Device, kern: KernelTable, link: HostLink, cpu) -> dict:
+    """host_layer_ms by term (kernels.Term names; "cpu" for the CPU's own terms)."""
     T = w.rows
+    gbs, call_ms = link.copy(dev.pcie_raw_gbs, kern)
+    copy = "pinned" if link.pinned else "pageable"
+    out: dict[str, float] = {}
+
+    def add(term: str, ms: float) -> None:
+        out[term] = out.get(term, 0.0) + ms
+
     if link.op_offload and T >= OP_OFFLOAD_MIN_BATCH:
-        t = (len(ts) + 1) * SYNC_MS
+        add("sync", (len(ts) + 1) * kern.sync_ms)
         for x in ts:
             runs = expected_runs(x.n_experts, x.frac)
             pad = runs * min(x.nbytes / x.n_experts, COPY_PADDING)
-            t += runs * link.call_ms + (x.frac * x.nbytes + pad) / (link.gbs(dev.pcie_raw_gbs) * 1e6)
-            t += mat_ms(Mat(x.frac * x.weights, x.frac * x.nbytes, x.qtype, T, moe=True), dev, kern)
-        return t
+            add("copy_call", runs * call_ms)
+            add(copy, (x.frac * x.nbytes + pad) / (gbs * 1e6))
+            pe = rows_per_expert(T, x.top_k or 1, x.n_experts, x.frac)
+            add(*reversed(mat_cost(Mat(x.frac * x.weights, x.frac * x.nbytes, x.qtype, T, True, pe), dev, kern)))
+        return out
     # the CPU computes them: the rows' activations go over and the results come back (T x d
     # float32 each way), two syncs, and the CPU's rate for routed experts (`plan --calibrate`)
     acts = 2 * T * w.hidden * 4
     touched = sum(x.frac * x.nbytes for x in ts)
-    cpu_part = cpu.ms(0, touched, 0.0, w.host_layer_macs) - cpu.c0_ms
-    return 2 * SYNC_MS + acts / (link.gbs(dev.pcie_raw_gbs) * 1e6) + cpu_part
+    add("sync", 2 * kern.sync_ms)
+    add(copy, acts / (gbs * 1e6))
+    add("cpu", cpu.ms(0, touched, 0.0, w.host_layer_macs) - cpu.c0_ms)
+    return out
+
+
+def gpu_costs(w: Work, dev: Device, kern: KernelTable, link: HostLink, cpu: CpuCalibration) -> dict[str, float]:
+    """A pass's GPU time by kernels.Term ("cpu": the CPU's terms; "compute": the FLOP floor's excess)."""
+    out = {"pass": kern.pass_ms, "layer": kern.layer_ms(dev.sm_ghz) * w.n_layers}
+    for m in w.mats:
+        t, term = mat_cost(m, dev, kern)
+        out[term] = out.get(term, 0.0) + t
+    for ts in w.host.values():
+        for term, t in host_layer_costs(ts, w, dev, kern, link, cpu).items():
+            out[term] = out.get(term, 0.0) + t
+    flops = 2 * (w.macs + w.exp_macs + w.cpu_expert_macs + w.lm_rows * w.lm_row_macs)
+    total = sum(out.values())
+    if flops / (dev.tflops * 1e9) > total:
+        out["compute"] = flops / (dev.tflops * 1e9) - total
+    return out
 
 
 def gpu_ms(w: Work, dev: Device, kern: KernelTable, link: HostLink, cpu: CpuCalibration) -> float:
-    t = GPU_STEP_OVERHEAD_MS + GPU_LAYER_OVERHEAD_MS * w.n_layers
-    t += sum(mat_ms(m, dev, kern) for m in w.mats)
-    t += sum(host_layer_ms(ts, w, dev, kern, link, cpu) for ts in w.host.values())
-    flops = 2 * (w.macs + w.exp_macs + w.cpu_expert_macs + w.lm_rows * w.lm_row_macs)
-    return max(t, flops / (dev.tflops * 1e9))
+    return sum(gpu_costs(w, dev, kern, link, cpu).values())
 
 
 def cpu_ms(w: Work, cpu: CpuCalibration) -> float:

@@ -20,6 +20,7 @@ class GPU:
     tflops: float  # approximate dense FP16 tensor TFLOPS
     sms: int  # streaming multiprocessors
     boost_ghz: float  # vendor boost clock
+    arch: str  # which public anchors apply (kernels.Term.archs): the kernels differ by architecture
 
     @property
     def vram_bytes(self) -> int:
@@ -46,22 +47,24 @@ def _mib(n: int) -> float:
 GPUS: dict[str, GPU] = {
     g.key: g
     for g in [
-        GPU("rtx3090", "GeForce RTX 3090", 24, 936, 4, 16, 71, 82, 1.695),
-        GPU("rtx4060ti-16gb", "GeForce RTX 4060 Ti 16GB", 16, 288, 4, 8, 44, 34, 2.535),
-        GPU("rtx4080", "GeForce RTX 4080", 16, 716.8, 4, 16, 97, 76, 2.505),
-        GPU("rtx4090", "GeForce RTX 4090", 24, 1008, 4, 16, 165, 128, 2.52),
-        GPU("rtx5060ti-16gb", "GeForce RTX 5060 Ti 16GB", 16, 448, 5, 8, 47, 36, 2.572),
-        GPU("rtx5070ti", "GeForce RTX 5070 Ti", 16, 896, 5, 16, 88, 70, 2.452),
-        GPU("rtx5080", "GeForce RTX 5080", 16, 960, 5, 16, 113, 84, 2.617),
-        GPU("rtx5090", "GeForce RTX 5090", 32, 1792, 5, 16, 209, 170, 2.407),
-        GPU("rtx6000ada", "RTX 6000 Ada Generation", 48, 960, 4, 16, 182, 142, 2.505),
-        GPU("rtxpro6000", "RTX PRO 6000 Blackwell", 96, 1792, 5, 16, 250, 188, 2.617),
-        GPU("a100-80gb", "A100 80GB SXM", _mib(81920), 2039, 4, 16, 312, 108, 1.41),
-        GPU("h100-sxm", "H100 SXM", _mib(81559), 3350, 5, 16, 989, 132, 1.98),
-        GPU("h200", "H200 SXM", _mib(143771), 4800, 5, 16, 989, 132, 1.98),
-        GPU("b200", "B200 (HGX)", _mib(183359), 8000, 5, 16, 2250, 148, 1.965),
+        GPU("rtx3090", "GeForce RTX 3090", 24, 936, 4, 16, 71, 82, 1.695, "ampere"),
+        GPU("rtx4060ti-16gb", "GeForce RTX 4060 Ti 16GB", 16, 288, 4, 8, 44, 34, 2.535, "ada"),
+        GPU("rtx4080", "GeForce RTX 4080", 16, 716.8, 4, 16, 97, 76, 2.505, "ada"),
+        GPU("rtx4090", "GeForce RTX 4090", 24, 1008, 4, 16, 165, 128, 2.52, "ada"),
+        GPU("rtx5060ti-16gb", "GeForce RTX 5060 Ti 16GB", 16, 448, 5, 8, 47, 36, 2.572, "blackwell"),
+        GPU("rtx5070ti", "GeForce RTX 5070 Ti", 16, 896, 5, 16, 88, 70, 2.452, "blackwell"),
+        GPU("rtx5080", "GeForce RTX 5080", 16, 960, 5, 16, 113, 84, 2.617, "blackwell"),
+        GPU("rtx5090", "GeForce RTX 5090", 32, 1792, 5, 16, 209, 170, 2.407, "blackwell"),
+        GPU("rtx6000ada", "RTX 6000 Ada Generation", 48, 960, 4, 16, 182, 142, 2.505, "ada"),
+        GPU("rtxpro6000", "RTX PRO 6000 Blackwell", 96, 1792, 5, 16, 250, 188, 2.617, "blackwell"),
+        GPU("a100-80gb", "A100 80GB SXM", _mib(81920), 2039, 4, 16, 312, 108, 1.41, "ampere-dc"),
+        GPU("h100-sxm", "H100 SXM", _mib(81559), 3350, 5, 16, 989, 132, 1.98, "hopper"),
+        GPU("h200", "H200 SXM", _mib(143771), 4800, 5, 16, 989, 132, 1.98, "hopper"),
+        GPU("b200", "B200 (HGX)", _mib(183359), 8000, 5, 16, 2250, 148, 1.965, "blackwell-dc"),
     ]
 }
+# arch: GeForce/RTX Ampere (sm_86), Ada (sm_89), Blackwell (sm_120); the data-centre parts (A100
+# sm_80, Hopper sm_90, B200 sm_100) have other tensor cores, so GeForce anchors do not carry to them.
 # GeForce/RTX cards: 16 GB of GDDR is 16 GiB and the driver reports nearly all of it (an RTX
 # 4080 reports 16376 MiB); the data-centre totals are what nvidia-smi reports for them.
 

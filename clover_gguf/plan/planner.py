@@ -10,11 +10,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..convert.tensor_plan import fmt_bytes
 from . import cost, vram
 from .budget import Curves, fit_budget
 from .gpus import GPU, GPUS, find_gpu
-from .kernels import KernelTable
+from .kernels import BOUNDS, PARTIAL_ASSUMPTIONS, KernelTable
 from .placement import FitError, place, split_bytes
 from .routing import Routing, fingerprint_checkpoint, fingerprint_gguf
 from .sizes import GroupTypes, PlanError, Source, convert_line, exact_plan, header_bytes_estimate
@@ -87,7 +89,7 @@ class Option:
 
 def _device(
     gpu: GPU | None, bandwidth: float | None, total: int | None, free: int | None
-) -> tuple[cost.Device, str, int]:
+) -> tuple[cost.Device, str, int, GPU]:
     """(device, what was assumed, total VRAM bytes); without a GPU of the table, the card's size
     (total, else the free memory given) picks the figures assumed."""
     note = ""
@@ -106,7 +108,7 @@ def _device(
     else:
         name = gpu.name
     dev = cost.Device(name, bandwidth or gpu.bandwidth_gbs, gpu.tflops, gpu.pcie_raw_gbs, gpu.sm_ghz)
-    return dev, note, total if total is not None else gpu.vram_bytes
+    return dev, note, total if total is not None else gpu.vram_bytes, gpu
 
 
 def _routing(src: Source) -> Routing:
@@ -200,11 +202,30 @@ def _commands(src: Source, o: Option, out_name: str) -> dict:
 
 
 def _speed(cfg, plan, cpu_set, time_fn, routing) -> dict:
+    """tok/s at 4 and 8 tokens a step; time_fn gives (mid, slow, fast) ms: the ranges' ends."""
     out = {}
     for tps in (4, 8):
         step, commit, tok_s = cost.block_times(cfg, plan, tps, time_fn, cpu_set, all_rows=True, routing=routing)
-        out[str(tps)] = {"step_ms": round(step, 3), "commit_ms": round(commit, 3), "tok_s": round(tok_s, 1)}
+        r = lambda x, n: [round(float(x[2]), n), round(float(x[1]), n)]  # noqa: E731 (BOUNDS: mid, fast, slow)
+        out[str(tps)] = {"step_ms": round(float(step[0]), 3), "commit_ms": round(float(commit[0]), 3),
+                         "tok_s": round(float(tok_s[0]), 1), "tok_s_range": r(tok_s, 1),
+                         "step_ms_range": r(step, 3)[::-1], "commit_ms_range": r(commit, 3)[::-1]}  # fmt: skip
     return out
+
+
+SHARE_THAT_MATTERS = 0.1  # a term below this share of a pass's time does not make it unanchored
+
+
+def _terms_used(cfg, plan, cpu_set, time_parts, routing) -> dict[str, float]:
+    """Each term's share of the first step at 4 tokens a step (all rows masked) and the commit."""
+    B = cfg.block_size
+    parts: dict[str, float] = {}
+    for w in (cost.forward_work(cfg, plan, B, B, cpu_set, routing=routing),
+              cost.forward_work(cfg, plan, B, 0, cpu_set, commit=True, routing=routing)):  # fmt: skip
+        for k, v in time_parts(w).items():
+            parts[k] = parts.get(k, 0.0) + v
+    total = sum(parts.values()) or 1.0
+    return {k: v / total for k, v in parts.items()}
 
 
 def make_plan(
@@ -225,18 +246,19 @@ def make_plan(
     as `run --fit` sees it (default: the card's total less a CUDA context); parallel: size the
     state and compute buffer for `serve --parallel N` (N + 1 sequences)."""
     g = find_gpu(gpu) if gpu else None
-    dev, dev_note, total = _device(g, bandwidth, vram_total, free)
+    dev, dev_note, total, card = _device(g, bandwidth, vram_total, free)
     free = free if free is not None else vram.plan_free_bytes(total)
     cfg = src.config
     n_seq = parallel + 1 if parallel else 1
     curves = (curves or Curves.load()).for_layers(cfg.num_hidden_layers)
     cpu = calibration or cost.CpuCalibration.load()
-    kern = kernels or KernelTable()
+    key = g.key if g else None
+    kern = (kernels or KernelTable()).for_gpu(dev.name, key)
     routing = _routing(src)
     opts, fit = _options(src, free, n_seq, curves)
     rows = []
     for o in opts:
-        row = _row(src, o, free, n_seq, ram, dev, kern, cpu, routing, curves, out_name)
+        row = _row(src, o, free, n_seq, ram, dev, kern, cpu, routing, curves, out_name, card)
         if row is not None:
             rows.append(row)
     if any(r["fits"] and r["name"] == "q4_k_m in VRAM" for r in rows):
@@ -271,8 +293,18 @@ def make_plan(
             "sm_ghz": round(dev.sm_ghz, 1),
             "tflops": dev.tflops,
         },
-        "speed_label": kern.label(dev.name),
+        "speed_label": kern.label(dev.name, key),
+        "speed_range": "low-high: every GPU term at the slow and at the fast end of its sources' spread",
         "kernels": kern.source,
+        "arch": card.arch,
+        "unanchored": kern.unanchored(card),
+        "speed_terms": _speed_terms(kern, dev),
+        "assumptions": [k for k, t in kern.terms.items() if t.kind == "assumption"],
+        "assumption_notes": {k: v for k, v in PARTIAL_ASSUMPTIONS.items() if kern.terms[k].kind != "calibrated"},
+        "copy_gbs": {
+            m: {b: round(kern.variant(b).copy(dev.pcie_raw_gbs, m == "pinned")[0], 2) for b in BOUNDS}
+            for m in ("pinned", "pageable")
+        },
         "context": context,
         "sequences": n_seq,
         "overhead": {**acct.to_dict(), "cuda_context_bytes": total - free},
@@ -285,7 +317,16 @@ def make_plan(
     }
 
 
-def _row(src, o: Option, free, n_seq, ram, dev, kern, cpu, routing, curves, out_name) -> dict | None:
+def _speed_terms(kern: KernelTable, dev: cost.Device) -> dict:
+    """The kernel table's terms as JSON; the copies' ranges are this device's link's (kernels.copy)."""
+    out = {k: t.to_dict() for k, t in kern.terms.items()}
+    for m in ("pinned", "pageable"):
+        r = {b: kern.variant(b).copy(dev.pcie_raw_gbs, m == "pinned")[0] for b in BOUNDS}
+        out[m]["time_range"] = [round(r["mid"] / r["fast"], 3), round(r["mid"] / r["slow"], 3)]
+    return out
+
+
+def _row(src, o: Option, free, n_seq, ram, dev, kern, cpu, routing, curves, out_name, card) -> dict | None:
     cfg = src.config
     whole = _whole(o.plan, cfg, n_seq)
     try:
@@ -305,9 +346,13 @@ def _row(src, o: Option, free, n_seq, ram, dev, kern, cpu, routing, curves, out_
     fits_ram = ram is None or cpu_b + hdr + (1 << 30) <= ram
     cpu_set = frozenset(o.cpu_layers)
     link = o.link
+    tables = [kern.variant(b) for b in BOUNDS]
 
     def time_fn(w):
-        return cost.gpu_ms(w, dev, kern, link, cpu)
+        return np.array([cost.gpu_ms(w, dev, t, link, cpu) for t in tables])
+
+    shares = _terms_used(cfg, o.plan, cpu_set, lambda w: cost.gpu_costs(w, dev, kern, link, cpu), routing)
+    loose = set(kern.unanchored(card))
 
     kl = curves.predict_recipe(o.types) if o.types is not None else None
     return {
@@ -325,6 +370,8 @@ def _row(src, o: Option, free, n_seq, ram, dev, kern, cpu, routing, curves, out_
         "fits": bool(fits_vram and fits_ram and p is not None),
         "fits_vram": bool(fits_vram and p is not None),
         "speed": _speed(cfg, o.plan, cpu_set, time_fn, routing),
+        "time_shares": {k: round(v, 3) for k, v in sorted(shares.items(), key=lambda x: -x[1]) if v >= 0.005},
+        "unanchored": sorted(k for k, v in shares.items() if k in loose and v >= SHARE_THAT_MATTERS),
         "kl_pred": None if kl is None else round(kl, 6),
         **_commands(src, o, out_name),
     }
@@ -369,18 +416,50 @@ def format_plan(p: dict) -> str:
         f"when all rows are masked, {100 * r['block_commit']:.0f} % in a commit ({r['source']})",
         "",
         f"{'option':<50} {'fits':<4} {'file':>10} {'bpw':>5} {'VRAM':>10} {'RAM':>10} "
-        f"{'tok/s@4':>8} {'tok/s@8':>8} {kl:>9}",
+        f"{'tok/s@4':>11} {'tok/s@8':>11} {kl:>9}",
     ]
     for x in p["options"]:
         kl = "" if x["kl_pred"] is None else f"{x['kl_pred']:9.5f}"
         vr = "-" if x["vram_bytes"] is None else fmt_bytes(x["vram_bytes"])
+        mark = "†" if x["unanchored"] else " "
         lines.append(
             f"{x['name']:<50} {'yes' if x['fits'] else 'no':<4} {fmt_bytes(x['file_bytes_est']):>10} "
             f"{x['bpw']:5.2f} {vr:>10} {fmt_bytes(x['ram_bytes']):>10} "
-            f"{x['speed']['4']['tok_s']:8.1f} {x['speed']['8']['tok_s']:8.1f} {kl:>9}"
+            f"{fmt_range(x['speed']['4']['tok_s_range']):>10}{mark} {fmt_range(x['speed']['8']['tok_s_range']):>10}{mark} "
+            f"{kl:>9}"
         )
     lines += _footer(p)
     return "\n".join(lines)
+
+
+def fmt_range(r) -> str:
+    """A tok/s range as low-high, to the digits its size needs."""
+    lo, hi = r
+    return f"{lo:.0f}–{hi:.0f}" if lo >= 10 else f"{lo:.1f}–{hi:.1f}"
+
+
+def _speed_notes(p: dict) -> list[str]:
+    """What the speed ranges stand on: the assumptions, the terms fitted here, the unanchored ones."""
+    t = p["speed_terms"]
+    lines = [
+        f"speed: {p['speed_label']}, each figure low–high: every GPU term at the slow and the fast end of its "
+        f"sources' spread (docs/plan.md); GPU kernels {p['kernels']}; CPU terms: {p['calibration']}",
+        "  assumptions (no public figure; their assumed bounds are in the ranges): "
+        + "; ".join(f"{k} {t[k]['value']:g} ms ({t[k]['source'].split('; assumed ')[-1]})" for k in p["assumptions"]),
+        "  fitted here to public figures: " + ", ".join(k for k in t if t[k]["kind"] == "fit"),
+    ]
+    if any(o["host_memory"] for o in p["options"]):
+        c = p["copy_gbs"]
+        rates = "; ".join(f"{m} {c[m]['mid']:g} ({c[m]['slow']:g}–{c[m]['fast']:g})" for m in ("pinned", "pageable"))
+        lines.append(f"  host copies, GB/s: {rates}")
+    notes = p["assumption_notes"]
+    lines += [f"  assumption within {k}: {v}" for k, v in notes.items() if k not in ("pinned", "pageable") or
+              any(o["host_memory"] for o in p["options"])]  # fmt: skip
+    if any(o["unanchored"] for o in p["options"]):
+        used = sorted({u for o in p["options"] for u in o["unanchored"]})
+        lines.append(f"  † unanchored: no public figure on this GPU's architecture ({p['arch']}) or link for "
+                     f"{', '.join(used)}: carried from other architectures by SMs × clock or bandwidth")  # fmt: skip
+    return lines
 
 
 def _footer(p: dict) -> list[str]:
@@ -401,9 +480,5 @@ def _footer(p: dict) -> list[str]:
     kl = (f"predicted KL from {p['curves']} (sensitivity runs of this model)" if p["kl_label"] == "predicted"
           else f"KL prior: {p['curves']} (another model's sensitivity curves, scaled to this depth): it ranks "
                "recipes, it is not this model's KL")  # fmt: skip
-    lines += [
-        "",
-        f"quality: {kl}",
-        f"speed: {p['speed_label']} (GPU kernels {p['kernels']}); CPU terms: {p['calibration']}",
-    ]
+    lines += ["", f"quality: {kl}", *_speed_notes(p)]
     return lines

@@ -10,7 +10,7 @@ scheduler's copy target, ggml-backend.cpp:1380-1396, allocated by ggml-alloc at 
 its split, :1514-1530; a new split per offloaded weight lets the next one reuse it,
 :1330-1331; the reserve graph has n_ubatch >= 256 rows, so op offload is in it whatever the
 block size); and llama.cpp's own --fit margin of 1 GiB per device
-(common/common.h:483), which covers cuBLAS, the CUDA pool and graphs.
+(common/common.h:486), which covers cuBLAS, the CUDA pool and graphs.
 
 Free memory: `run --fit` asks ggml (cudaMemGetInfo, after this process's CUDA context exists).
 The plan has no process on the card: it takes the card's total as the driver reports it
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..config import CloverConfig
 
-FIT_MARGIN_BYTES = 1 << 30  # llama.cpp's --fit-target default, per device (common/common.h:483)
+FIT_MARGIN_BYTES = 1 << 30  # llama.cpp's --fit-target default, per device (common/common.h:486)
 CUDA_CONTEXT_BYTES = 300 << 20  # plan only; run --fit's free figure already excludes it
 RUN_N_UBATCH = 256  # CloverRuntime's minimum n_ubatch (runtime.py)
 

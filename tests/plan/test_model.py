@@ -43,7 +43,7 @@ def test_seeded_mmq_rates_follow_the_anchors():
     assert K.SCALING_CHECK.rate / t.mmq_rate("iq2_s", 32) == pytest.approx(1.0, abs=0.1)
 
 
-def _summary(tmp_path, gpu="NVIDIA H200", q4_gws=600.0):
+def _summary(tmp_path, gpu="NVIDIA H200", q4_gws=600.0, moe_gws=None):
     s = {
         "mode": "gpu",
         "kernels": {
@@ -54,6 +54,8 @@ def _summary(tmp_path, gpu="NVIDIA H200", q4_gws=600.0):
             "float_bw": 0.7,
         },
     }
+    if moe_gws:  # MUL_MAT_ID, G weights/s by rows per touched expert (device_check.py's "moe")
+        s["kernels"]["moe"] = {"q4_k": {"2.29": moe_gws}, "q5_k": {"2.29": moe_gws}}
     p = tmp_path / "summary.json"
     p.write_text(json.dumps(s))
     return p
@@ -67,14 +69,20 @@ def test_device_check_summary_replaces_the_seeds(tmp_path):
     assert t.label("H200 SXM") == "calibrated" or t.label("NVIDIA H200") == "calibrated"
     assert t.label("GeForce RTX 5070 Ti") == "predicted"
     assert K.KernelTable().label("H200 SXM") == "predicted"
-    # through the CLI: the plan for that GPU says so; the speed changes with the rate
+    # through the CLI: the plan for that GPU says so; the speed changes with the measured MoE
+    # rate (routed experts are MUL_MAT_ID's own term), and the measured terms' ranges collapse
     args = ["plan", "--shape", "clover-35b-a3b", "--gpu", "h200", "--json"]
     base = json.loads(CliRunner().invoke(cli, args).output)
-    slow = json.loads(CliRunner().invoke(cli, [*args, "--calibration", str(_summary(tmp_path, "H200", 300.0))]).output)
+    summ = _summary(tmp_path, "H200", 300.0, moe_gws=200.0)
+    slow = json.loads(CliRunner().invoke(cli, [*args, "--calibration", str(summ)]).output)
     assert base["speed_label"] == "predicted" and slow["speed_label"] == "calibrated"
     q = {o["name"]: o["speed"]["4"]["tok_s"] for o in slow["options"]}
     b = {o["name"]: o["speed"]["4"]["tok_s"] for o in base["options"]}
     assert q["q4_k_m in VRAM"] < b["q4_k_m in VRAM"]
+    for k in ("mmq", "moe", "float_bw"):
+        assert base["speed_terms"][k]["kind"] in ("measured", "fit")
+        assert slow["speed_terms"][k]["kind"] == "calibrated" and slow["speed_terms"][k]["time_range"] == [1.0, 1.0]
+    assert "moe" in base["unanchored"] and "moe" not in slow["unanchored"]  # Hopper: no public MoE figure
 
 
 def test_bad_device_summary_is_one_line(tmp_path):
@@ -163,7 +171,9 @@ def test_routing_changes_the_cost():
     few = Routing(8, 256, {32: {0.0: [0.3] * 40, 1.0: [0.3] * 40}}, "test")
     a = cost.block_times(cfg, plan, 4, fn, routing=Routing(8, 256))[2]
     b = cost.block_times(cfg, plan, 4, fn, routing=few)[2]
-    assert b > 1.5 * a
+    # less than in proportion: fewer experts touched get more rows each, and MUL_MAT_ID's rate
+    # per weight falls with rows per expert (plan.public's fit)
+    assert b > 1.3 * a
 
 
 # ------------------------------------------------------------------------------- host experts
@@ -181,10 +191,15 @@ def test_host_experts_copy_only_what_is_used():
     half = cost.host_layer_ms([_host(0.5)], w, dev, t, pinned, cpu)
     full = cost.host_layer_ms([_host(1.0)], w, dev, t, pinned, cpu)
     # the copy is of the used experts: about half the bytes, half the copy time
-    copy_half = 0.5 * 150e6 / (cost.PCIE_PINNED_FRACTION * 63.0 * 1e6)
+    copy_half = 0.5 * 150e6 / (K.PCIE_PINNED_FRACTION * 63.0 * 1e6)
     assert half < full and half > copy_half
     assert cost.host_layer_ms([_host(0.5)], w, dev, t, pageable, cpu) > half  # pageable is slower
-    assert pageable.gbs(63.0) == cost.PCIE_PAGEABLE_MAX_GBS and pinned.gbs(31.5) == pytest.approx(23.94)
+    assert pageable.copy(63.0, t)[0] == K.PAGEABLE_GBS and pinned.copy(31.5, t)[0] == pytest.approx(23.9)
+    # the ranges' ends: a PCIe 5.0 link between PCIe 4.0's rate and the same fraction of 5.0;
+    # pageable from PR #976's 64 MiB rate to its 16 MiB fraction of the link
+    assert pinned.copy(63.0, t.variant("slow"))[0] == K.PINNED_GBS
+    assert pageable.copy(63.0, t.variant("slow"))[0] == K.PAGEABLE_64MIB_GBS
+    assert pageable.copy(63.0, t.variant("fast"))[0] == pytest.approx(K.PCIE_PAGEABLE_FRACTION * 63.0)
     # runs of used experts: one call each (none when no expert or every expert is used)
     assert cost.expected_runs(256, 0.0) == 0 and cost.expected_runs(256, 1.0) == 1
     assert cost.expected_runs(256, 0.5) == pytest.approx(0.5 + 255 * 0.25)
