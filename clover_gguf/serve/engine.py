@@ -27,7 +27,7 @@ from .text import TextStream
 @dataclass
 class Job:
     """One request. `emit` receives the events (called on the worker thread): {"type": "start"}
-    when the worker takes it, {"type": "block", "text", "n_tokens", "steps"} after each block,
+    when the worker takes it, {"type": "block", "text", "n_tokens", "steps", "reused"} after each block,
     then one {"type": "done", "text", "finish_reason", "usage"} or {"type": "error", "message"}
     (an error may come instead of "start"). `cancel()` stops it before the next denoising step."""
 
@@ -304,7 +304,7 @@ class _Run:
         if self.text.stopped:
             self.finish_reason = "stop"
         n = len(self.out) - len(toks)
-        ev = {"type": "block", "text": delta, "n_tokens": st.n_tokens, "steps": st.steps}
+        ev = {"type": "block", "text": delta, "n_tokens": st.n_tokens, "steps": st.steps, "reused": self.job.reused}
         _send(self.job, ev | {"tokens": toks, "probs": self.probs[n:], "top": self.top[n:]})
         if self.job.cancelled.is_set():
             self.finish_reason = "cancelled"
@@ -322,7 +322,7 @@ class _Run:
             self.finish_reason = "length"
             tail = self.text.feed([], last=True)
             if tail:
-                _send(job, {"type": "block", "text": tail, "n_tokens": 0, "steps": 0})
+                _send(job, {"type": "block", "text": tail, "n_tokens": 0, "steps": 0, "reused": job.reused})
         if self.finish_reason == "cancelled":
             e.counters["cancelled"] += 1
         elif job.cache and e.cache.capacity:
@@ -372,6 +372,7 @@ class _Run:
             },
         }
         done = {"type": "done", "text": self.text.text, "finish_reason": self.finish_reason, "usage": usage}
+        done["stop_word"] = self.text.stop_word
         _send(job, done | {"tokens": self.out, "probs": self.probs, "top": self.top})
 
 

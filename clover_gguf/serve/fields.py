@@ -2,12 +2,14 @@
 one table, and the checks every JSON body goes through before anything else (nesting depth,
 lone surrogates).
 
-Every field of /v1/completions and /v1/chat/completions is one of: implemented; accepted only
-at the value that asks for what the server does anyway (`n: 1`, penalties 0, an empty
-`logit_bias`, ...), any other value refused; accepted without effect (metadata that clients
-send by default); refused. A field that is not in the table is refused as OpenAI refuses it
-("Unrecognized request argument supplied"). `null` is the field's default, as with OpenAI.
-docs/serving.md "Request fields" is this table in words (tests/serve/test_fields.py compares).
+Every field of every route's table is one of: implemented; accepted only at the value that
+asks for what the server does anyway (`n: 1`, `echo: false`, ...), any other value refused;
+accepted without effect (metadata and ids that clients send by default); refused (its meaning
+would change the answer and the server cannot honour it). A field that no table knows is
+accepted and ignored: agents add fields with every release, and one unknown field must not stop
+a user's agent; the server names it in its log (once), in the `x-clover-ignored-fields` header
+of the answer and in /props. `null` is the field's default, as with OpenAI. docs/serving.md
+"Request fields" is this table in words (tests/serve/test_fields.py compares).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ _I = Field(IMPLEMENTED)
 # implemented by the tool-call / constrained-decoding / logprobs work (clover_gguf/serve/tools.py, logprobs.py)
 _T = Field(IMPLEMENTED, note="tool calls, constrained decoding and logprobs")
 
+_META = "metadata or an id for the provider's own use; no answer depends on it"
+
 COMMON: dict[str, Field] = {
     "model": Field(IMPLEMENTED, note="any name: the server has one model"),
     "max_tokens": _I,
@@ -74,9 +78,9 @@ COMMON: dict[str, Field] = {
     "clover": Field(IMPLEMENTED, note="extension: Clover's decoding options"),
     "logprobs": _T,
     "n": _neutral(_num_is(1), "1", "one choice per request"),
-    "frequency_penalty": _neutral(_num_is(0), "0", "the sampler has no penalties"),
-    "presence_penalty": _neutral(_num_is(0), "0", "the sampler has no penalties"),
-    "logit_bias": _neutral(lambda v: v == {}, "{}", "the sampler has no logit bias"),
+    "frequency_penalty": Field(IMPLEMENTED, note="llama.cpp's penalties sampler (docs/CONTRACTS.md)"),
+    "presence_penalty": Field(IMPLEMENTED, note="llama.cpp's penalties sampler (docs/CONTRACTS.md)"),
+    "logit_bias": Field(IMPLEMENTED, note="llama.cpp's logit-bias sampler"),
     "user": Field(
         NO_EFFECT, note="an end-user id for the provider's abuse monitoring; LibreChat sends it on every request"
     ),
@@ -92,19 +96,19 @@ CHAT: dict[str, Field] = COMMON | {
     "response_format": _T,
     "grammar": Field(IMPLEMENTED, note="extension (llama-server); tool calls, constrained decoding and logprobs"),
     "chat_template_kwargs": Field(IMPLEMENTED, note="extension (vLLM, llama-server)"),
-    "store": _neutral(lambda v: v is False, "false", "this server stores nothing"),
-    "service_tier": _neutral(lambda v: v in ("auto", "default"), '"auto" or "default"', "the server has one tier"),
+    "store": Field(NO_EFFECT, note="this server stores no chat completion"),
+    "service_tier": Field(NO_EFFECT, note="the server has one tier"),
     "modalities": _neutral(lambda v: v == ["text"], '["text"]', "text only"),
-    "metadata": Field(REFUSED, note="tags for stored completions; this server stores nothing"),
-    "reasoning_effort": Field(REFUSED, note="thinking is on or off: chat_template_kwargs.enable_thinking"),
-    "verbosity": Field(REFUSED),
+    "metadata": Field(NO_EFFECT, note=_META),
+    "reasoning_effort": Field(IMPLEMENTED, note="thinking: none and minimal turn it off, the others on"),
+    "verbosity": Field(REFUSED, note="the model has no verbosity control; it would change the answer"),
     "audio": Field(REFUSED, note="text only"),
     "prediction": Field(REFUSED, note="no predicted outputs"),
     "web_search_options": Field(REFUSED, note="no web search"),
     "functions": Field(REFUSED, note="deprecated by OpenAI: use tools"),
     "function_call": Field(REFUSED, note="deprecated by OpenAI: use tool_choice"),
-    "prompt_cache_key": Field(REFUSED, note="the prompt cache is automatic (state reuse)"),
-    "safety_identifier": Field(REFUSED, note="no abuse monitoring here"),
+    "prompt_cache_key": Field(NO_EFFECT, note="the state cache is keyed by the prompt's tokens, which says more"),
+    "safety_identifier": Field(NO_EFFECT, note=_META),
 }
 
 COMPLETIONS: dict[str, Field] = COMMON | {
@@ -114,6 +118,79 @@ COMPLETIONS: dict[str, Field] = COMMON | {
     "suffix": Field(REFUSED, note="use POST /infill (input_prefix, input_suffix)"),
     "grammar": Field(REFUSED, note="constrained output is on /v1/chat/completions"),
     "response_format": Field(REFUSED, note="constrained output is on /v1/chat/completions"),
+}
+
+# POST /v1/messages (Anthropic's Messages API) and /v1/messages/count_tokens
+ANTHROPIC: dict[str, Field] = {
+    "model": COMMON["model"],
+    "max_tokens": _I,
+    "messages": Field(IMPLEMENTED, note="text, tool_use, tool_result and thinking blocks"),
+    "system": Field(IMPLEMENTED, note="a string or text blocks"),
+    "stop_sequences": _I,
+    "stream": _I,
+    "temperature": _I,
+    "top_p": _I,
+    "top_k": _I,
+    "tools": Field(IMPLEMENTED, note="custom tools (input_schema); server tools are left out of the prompt"),
+    "tool_choice": _T,
+    "thinking": Field(IMPLEMENTED, note="enabled or adaptive: Clover's thinking mode; budget_tokens is not enforced"),
+    "metadata": Field(NO_EFFECT, note=_META),
+    "service_tier": Field(NO_EFFECT, note="the server has one tier"),
+    "output_format": Field(IMPLEMENTED, note="json_schema: the text matches the schema (constrained decoding)"),
+    "clover": COMMON["clover"],
+    "mcp_servers": Field(REFUSED, note="no MCP connector: the server calls no remote tools"),
+    "container": Field(REFUSED, note="no code execution container"),
+}
+ANTHROPIC_COUNT: dict[str, Field] = {
+    k: ANTHROPIC[k] for k in ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_format")
+}
+# the keys of a message and of a content block (cache_control: there is no cache to steer; state
+# reuse is automatic; citations: no documents are cited)
+ANTHROPIC_MESSAGE: dict[str, Field] = {"role": _I, "content": _I}
+ANTHROPIC_BLOCK: dict[str, Field] = {
+    k: _I for k in ("type", "text", "id", "name", "input", "tool_use_id", "content", "is_error", "thinking")
+} | {
+    "signature": Field(NO_EFFECT, note="a thinking block's signature is not checked"),
+    "data": Field(NO_EFFECT, note="a redacted thinking block is left out"),
+    "cache_control": Field(NO_EFFECT, note="state reuse is automatic"),
+    "citations": Field(NO_EFFECT, note="no document is cited"),
+}
+
+# POST /v1/responses (OpenAI's Responses API)
+RESPONSES: dict[str, Field] = {
+    "model": COMMON["model"],
+    "input": Field(IMPLEMENTED, note="a string, or message, function_call, function_call_output and reasoning items"),
+    "instructions": Field(IMPLEMENTED, note="the system message"),
+    "tools": Field(IMPLEMENTED, note="function tools; other types are left out of the prompt"),
+    "tool_choice": _T,
+    "parallel_tool_calls": _T,
+    "text": Field(IMPLEMENTED, note="format: text, json_object, json_schema (constrained decoding)"),
+    "reasoning": Field(IMPLEMENTED, note="effort: none and minimal turn thinking off, the others on"),
+    "max_output_tokens": _I,
+    "temperature": _I,
+    "top_p": _I,
+    "top_k": COMMON["top_k"],
+    "seed": _I,
+    "stream": _I,
+    "stream_options": _I,
+    "previous_response_id": Field(IMPLEMENTED, note="from the server's memory of recent responses"),
+    "store": Field(IMPLEMENTED, note="false: the response is not kept for previous_response_id"),
+    "include": Field(IMPLEMENTED, note="reasoning.encrypted_content: the reasoning, encoded (not encrypted)"),
+    "metadata": Field(NO_EFFECT, note=_META),
+    "prompt_cache_key": Field(NO_EFFECT, note="the state cache is keyed by the prompt's tokens, which says more"),
+    "client_metadata": Field(NO_EFFECT, note=_META),
+    "safety_identifier": Field(NO_EFFECT, note=_META),
+    "user": COMMON["user"],
+    "service_tier": Field(NO_EFFECT, note="the server has one tier"),
+    "truncation": _neutral(
+        lambda v: v in ("disabled", "auto"), '"disabled" or "auto"', "a prompt that does not fit is refused"
+    ),
+    "clover": COMMON["clover"],
+    "background": _neutral(lambda v: v is False, "false", "responses are not run in the background"),
+    "conversation": Field(REFUSED, note="no conversations are stored: use previous_response_id or send the input"),
+    "prompt": Field(REFUSED, note="no stored prompt templates"),
+    "max_tool_calls": Field(REFUSED, note="the number of calls is not limited across a response"),
+    "top_logprobs": Field(REFUSED, note="logprobs are on /v1/chat/completions"),
 }
 
 # llama-server's /infill (its fill-in-the-middle fields; llama.vscode's extras refused by name)
@@ -168,13 +245,16 @@ MESSAGE: dict[str, Field] = {
 }
 
 
-def check_fields(body: dict, table: dict[str, Field], prefix: str = "") -> None:
-    """Refuse an unknown field, a refused one, or a NEUTRAL one at another value (null is absent)."""
+def check_fields(body: dict, table: dict[str, Field], prefix: str = "") -> list[str]:
+    """Refuse a refused field, or a NEUTRAL one at another value (null is absent). Returns the
+    fields no table knows (`prefix` + name), which are ignored."""
+    unknown = []
     for k, v in body.items():
         p = f"{prefix}{k}"
         f = table.get(k)
         if f is None:
-            raise FieldProblem(f"Unrecognized request argument supplied: {p}", p, "unknown_parameter")
+            unknown.append(p)
+            continue
         if v is None or f.status in (IMPLEMENTED, NO_EFFECT):
             continue
         if f.status == NEUTRAL and f.neutral(v):
@@ -185,6 +265,7 @@ def check_fields(body: dict, table: dict[str, Field], prefix: str = "") -> None:
         else:
             msg = f"'{p}' is not supported by this server{why}"
         raise FieldProblem(msg, p, "unsupported_parameter")
+    return unknown
 
 
 def _short(v) -> str:
@@ -208,8 +289,13 @@ class Num:
 
 
 NUMERIC: dict[str, Num] = {
-    "max_tokens": Num(True, 0, "ctx", why="the context size"),
-    "max_completion_tokens": Num(True, 0, "ctx", why="the context size"),
+    # a reply's limit: larger asks are capped to --n-predict and the context (finish_reason length)
+    "max_tokens": Num(True, 0, math.inf),
+    "max_completion_tokens": Num(True, 0, math.inf),
+    "max_output_tokens": Num(True, 1, math.inf),  # responses
+    "presence_penalty": Num(False, -2, 2),
+    "frequency_penalty": Num(False, -2, 2),
+    "logit_bias.*": Num(False, -100, 100),
     "n_predict": Num(True, 1, "n_ubatch", why="one block"),  # /infill
     "temperature": Num(False, 0, 2),
     "top_p": Num(False, 0, 1, lo_open=True),
@@ -233,6 +319,8 @@ def describe(param: str, limits: dict) -> str:
     fmt = (lambda x: str(int(x))) if n.integer else (lambda x: f"{x:g}")
     what = "an integer" if n.integer else "a number"
     why = f" ({n.why})" if n.why else ""
+    if math.isinf(hi):
+        return f"{what} >= {fmt(lo)}{why}"
     return f"{what} in {'(' if n.lo_open else '['}{fmt(lo)}, {fmt(hi)}]{why}"
 
 
@@ -294,3 +382,10 @@ def _path(path: tuple) -> str:
     for k in path:
         out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
     return out
+
+
+def check_model(body: dict) -> None:
+    """Any model name: the server has one model (as llama-server); replies name its id."""
+    m = body.get("model")
+    if m is not None and not isinstance(m, str):
+        raise FieldProblem(f"'model' must be a string, got {_short(m)}", "model")

@@ -34,6 +34,7 @@ class TextStream:
         self.ids: list[int] = []
         self.text = ""  # final text so far
         self.stopped = False  # a stop string was found
+        self.stop_word: str | None = None  # which one
 
     def feed(self, ids: list[int], last: bool = False) -> str:
         """Add a block's tokens; returns the new final text. `last`: nothing follows, release all."""
@@ -42,8 +43,9 @@ class TextStream:
         self.ids += ids
         full = self.detokenize(self.ids)
         start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
-        cut = min((i for i in (full.find(s, start) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stop if (i := full.find(s, start)) >= 0]
+        if found:
+            cut, self.stop_word = min(found)
             self.stopped = True
             end = cut
         else:

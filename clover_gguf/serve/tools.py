@@ -49,9 +49,14 @@ class Constraint:
     parse_calls: bool = False  # read <tool_call> sections out of the reply
     kind: str = "text"  # text, tools, json, grammar: what the output is constrained to
 
+    @property
+    def kind_field(self) -> str:
+        """The request field a failure of this constraint's grammar is blamed on."""
+        return {"json": "schema", "tools": "tools"}.get(self.kind, "grammar")
 
-def _tool(t, i: int) -> dict:
-    p = f"tools[{i}]"
+
+def check_tool(t, p: str) -> dict:
+    """One OpenAI function tool, checked and normalised (parameters default to an empty object)."""
     if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
         raise FieldError(f'\'{p}\' must be {{"type": "function", "function": {{...}}}}', p)
     fn = t["function"]
@@ -63,54 +68,67 @@ def _tool(t, i: int) -> dict:
     params = fn.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise FieldError(f"'{p}.function.parameters' must be a JSON schema object", f"{p}.function.parameters")
-    if "strict" in fn and not isinstance(fn["strict"], bool):
+    if "strict" in fn and fn["strict"] is not None and not isinstance(fn["strict"], bool):
         raise FieldError(f"'{p}.function.strict' must be true or false", f"{p}.function.strict")
     out = {"name": name}
-    if "description" in fn:
+    if fn.get("description") is not None:
         out["description"] = fn["description"]
     out["parameters"] = params if params is not None else {"type": "object", "properties": {}}
     return {"type": "function", "function": out}
 
 
-def parse_tools(body: dict) -> tuple[list[dict] | None, str | dict, bool]:
-    """(tools, tool_choice, parallel_tool_calls) of a chat request, checked."""
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
-            raise FieldError(f"'tools' must be a list of at most {MAX_TOOLS} function tools", "tools")
-        tools = [_tool(t, i) for i, t in enumerate(tools)] or None
-        names = [t["function"]["name"] for t in tools or []]
-        dup = next((n for n in names if names.count(n) > 1), None)
-        if dup:
-            raise FieldError(f"'tools' names the function '{dup}' twice", "tools")
-    choice = body.get("tool_choice")
+def check_tools(tools, param: str = "tools", at=None) -> list[dict] | None:
+    """A list of tools checked one by one (`at(i)` names the i-th; default `tools[i]`); a
+    name given twice is refused. None or [] is no tools."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise FieldError(f"'{param}' must be a list of at most {MAX_TOOLS} function tools", param)
+    at = at or (lambda i: f"{param}[{i}]")
+    tools = [check_tool(t, at(i)) for i, t in enumerate(tools)] or None
+    names = [t["function"]["name"] for t in tools or []]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise FieldError(f"'{param}' names the function '{dup}' twice", param)
+    return tools
+
+
+def check_choice(choice, tools: list[dict] | None, param: str = "tool_choice") -> str | dict:
+    """tool_choice in OpenAI chat's form (auto, none, required or a named function), against
+    the tools: a named function must be one of them, required needs some."""
     if choice is None:
-        choice = "auto" if tools else "none"
+        return "auto" if tools else "none"
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str):
             raise FieldError(
-                '\'tool_choice\' must be auto, none, required or {"type": "function", "function": {"name": ...}}',
-                "tool_choice",
+                f'\'{param}\' must be auto, none, required or {{"type": "function", "function": {{"name": ...}}}}',
+                param,
             )
         if name not in [t["function"]["name"] for t in tools or []]:
-            raise FieldError(f"'tool_choice' names '{name}', which is not one of 'tools'", "tool_choice")
+            raise FieldError(f"'{param}' names '{name}', which is not one of the tools", param)
     elif choice not in ("auto", "none", "required"):
-        raise FieldError(
-            f"'tool_choice' must be auto, none, required or a function, got {json.dumps(choice)}", "tool_choice"
-        )
+        raise FieldError(f"'{param}' must be auto, none, required or a function, got {json.dumps(choice)}", param)
     elif choice == "required" and not tools:
-        raise FieldError("'tool_choice' is required but the request has no 'tools'", "tool_choice")
-    parallel = body.get("parallel_tool_calls", True)
+        raise FieldError(f"'{param}' requires a tool call but the request has no tools", param)
+    return choice
+
+
+def parse_tools(body: dict) -> tuple[list[dict] | None, str | dict, bool]:
+    """(tools, tool_choice, parallel_tool_calls) of an OpenAI chat request, checked."""
+    tools = check_tools(body.get("tools"))
+    choice = check_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is None:
+        parallel = True
     if not isinstance(parallel, bool):
         raise FieldError("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
     return tools, choice, parallel
 
 
-def _response_format(body: dict) -> dict | None:
-    """The JSON schema `response_format` asks for, or None (text)."""
-    rf = body.get("response_format")
+def response_format_schema(rf, param: str = "response_format") -> dict | None:
+    """The JSON schema an OpenAI `response_format` asks for, or None (text)."""
     if rf is None:
         return None
     t = rf.get("type") if isinstance(rf, dict) else None
@@ -122,28 +140,41 @@ def _response_format(body: dict) -> dict | None:
         js = rf.get("json_schema")
         schema = js.get("schema") if isinstance(js, dict) else None
         if not isinstance(schema, dict):
-            raise FieldError("'response_format.json_schema.schema' must be a JSON schema object", "response_format")
+            raise FieldError(f"'{param}.json_schema.schema' must be a JSON schema object", param)
         return schema
-    raise FieldError("'response_format.type' must be text, json_object or json_schema", "response_format")
+    raise FieldError(f"'{param}.type' must be text, json_object or json_schema", param)
 
 
-def request_constraint(body: dict, thinking: bool, token_id) -> Constraint:
-    """The Constraint of a chat request. `token_id(text)` gives a special token's id (None if the
-    model has none); `thinking`: the prompt leaves the model to open a think block, which the
-    grammar then allows before what it constrains."""
-    tools, choice, parallel = parse_tools(body)
-    schema = _response_format(body)
-    grammar = body.get("grammar")
+def request_constraint(
+    tools: list[dict] | None,
+    choice: str | dict | None,
+    parallel: bool,
+    schema: dict | None,
+    grammar: str | None,
+    thinking: bool,
+    token_id,
+    names: dict[str, str] | None = None,
+) -> Constraint:
+    """The Constraint of a chat request (tools and choice checked by check_tools/check_choice).
+    `token_id(text)` gives a special token's id (None if the model has none); `thinking`: the
+    prompt leaves the model to open a think block, which the grammar then allows before what it
+    constrains. `names` maps the fields' names here (tools, tool_choice, schema, grammar) to the
+    request's own, for the errors."""
+    name = lambda k: (names or {}).get(k, k)
+    choice = choice if choice is not None else ("auto" if tools else "none")
     if grammar is not None and not isinstance(grammar, str):
-        raise FieldError("'grammar' must be a GBNF string", "grammar")
+        raise FieldError(f"'{name('grammar')}' must be a GBNF string", name("grammar"))
     if schema is not None and grammar is not None:
-        raise FieldError("give 'response_format' or 'grammar', not both", "grammar")
+        raise FieldError(f"give '{name('schema')}' or '{name('grammar')}', not both", name("grammar"))
     forced = choice == "required" or isinstance(choice, dict)
     if grammar is not None and forced:
-        raise FieldError("'grammar' constrains the reply that 'tool_choice' makes a tool call; give one", "grammar")
+        raise FieldError(
+            f"'{name('grammar')}' constrains the reply that '{name('tool_choice')}' makes a tool call; give one",
+            name("grammar"),
+        )
     c = Constraint(tools=tools if choice != "none" else None)
     if c.tools and token_id(TOOL_CALL) is None:
-        raise FieldError(f"this model has no {TOOL_CALL} token: it cannot call tools", "tools")
+        raise FieldError(f"this model has no {TOOL_CALL} token: it cannot call tools", name("tools"))
     alts: list[tuple[str, str]] = []  # (rule prefix, grammar) of what the reply may be
     try:
         if c.tools:
@@ -161,7 +192,7 @@ def request_constraint(body: dict, thinking: bool, token_id) -> Constraint:
             alts.append(("clover-grammar-", grammar))
             c.kind = "grammar"
     except SchemaError as e:
-        param = "tools" if forced or schema is None else "response_format"
+        param = name("tools") if forced or schema is None else name("schema")
         raise FieldError(f"the JSON schema cannot be used: {e}", param) from None
     if not alts:
         return c
@@ -223,7 +254,11 @@ def split_calls(text: str) -> Reply:
     """Content and tool calls of a reply: the text before the first well-formed <tool_call>
     section is the content; sections that do not hold a call stay in the content as text."""
     calls, keep, pos = [], [], 0
-    for i, body, j in tool_call_sections(text):
+    sections = list(tool_call_sections(text))
+    if sections and sections[-1][2] is None:  # a call cut at the length limit: never shown as text
+        text = text[: sections[-1][0]].rstrip("\n")
+        sections.pop()
+    for i, body, j in sections:
         call = _call(text[body:j].strip()) if j is not None else None
         if call is None:
             continue

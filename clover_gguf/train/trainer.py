@@ -198,37 +198,65 @@ def sample_batch(
     return Batch(clean, noisy, pos, valid, masked, t, scored)
 
 
-def copy_windows(stream: torch.Tensor, n_seq: int, W: int, gen: torch.Generator, spans: tuple = (4, 24)):
-    """[n_seq, W] windows: a span of W/2 stream tokens, then pieces of it (lengths in `spans`,
-    each from anywhere in it) up to W. Each piece after its first token is predictable only by
-    looking it up in the first half: in-context copying, which tool arguments need (a path or a
-    name of the request) and which the memory does not learn from code and chat alone."""
-    half = W // 2
-    starts = torch.randint(0, stream.shape[0] - half, (n_seq,), generator=gen)
-    rows = []
-    for s in starts.tolist():
-        src, parts, n = stream[s : s + half], [stream[s : s + half]], half
-        while n < W:
-            k = min(int(torch.randint(spans[0], spans[1] + 1, (1,), generator=gen)), half)
-            a = int(torch.randint(0, half - k + 1, (1,), generator=gen))
-            parts.append(src[a : a + k])
-            n += k
-        rows.append(torch.cat(parts)[:W])
-    return torch.stack(rows)
+def recall_windows(stream: torch.Tensor, n_seq: int, W: int, gen: torch.Generator, spans: tuple = (4, 16)):
+    """In-context recall windows: ([n_seq, W] tokens, [n_seq, W] bool scored). Half are
+    associative recall (multi-query, as in the linear-attention literature): pairs "k v" of
+    stream tokens, then queries "k v" of them, each value scored; half are span copies: a few
+    spans of the stream, then the spans again, every token after a span's first scored. Every
+    scored token is predictable only by looking up the token before it in the window's earlier
+    part, through the memory when that part lies in earlier blocks: what copying a name of the
+    request into a tool call's arguments needs, and what code and chat alone did not teach
+    (evaldata/train-copy/). Keys are distinct within a window so that each lookup has one answer."""
+    rows, scores = [], []
+    n = stream.shape[0]
+    for _ in range(n_seq):
+        tok = torch.empty(W, dtype=torch.long)
+        sc = torch.zeros(W, dtype=torch.bool)
+        if float(torch.rand(1, generator=gen)) < 0.5:
+            k_pairs = int(torch.randint(2, max(3, W // 8) + 1, (1,), generator=gen))
+            picks = stream[torch.randint(0, n, (4 * k_pairs,), generator=gen)].tolist()
+            keys = list(dict.fromkeys(picks))[:k_pairs]
+            vals = stream[torch.randint(0, n, (len(keys),), generator=gen)].tolist()
+            seq = [x for kv in zip(keys, vals) for x in kv]
+            first = len(seq)
+            while len(seq) < W:
+                j = int(torch.randint(0, len(keys), (1,), generator=gen))
+                seq += [keys[j], vals[j]]
+            tok[:] = torch.tensor(seq[:W])
+            sc[first + 1 :: 2] = True
+        else:
+            parts, pos = [], 0
+            while pos < W // 2:
+                k = int(torch.randint(spans[0], spans[1] + 1, (1,), generator=gen))
+                k = min(k, max(2, W // 2 - pos))  # the spans take half the window
+                a = int(torch.randint(0, n - k, (1,), generator=gen))
+                parts.append(stream[a : a + k])
+                pos += k
+            seq = torch.cat(parts).tolist()
+            mask = [False] * len(seq)
+            while len(seq) < W:
+                piece = parts[int(torch.randint(0, len(parts), (1,), generator=gen))].tolist()
+                seq += piece
+                mask += [False] + [True] * (len(piece) - 1)
+            tok[:] = torch.tensor(seq[:W])
+            sc[:] = torch.tensor(mask[:W])
+        rows.append(tok)
+        scores.append(sc)
+    return torch.stack(rows), torch.stack(scores)
 
 
-def sample_copy_batch(
+def sample_recall_batch(
     stream: torch.Tensor, n_seq: int, B: int, n_blocks: int, gen: torch.Generator, mask_id: int, pad_id: int, eps: float
 ) -> Batch:
-    """A batch of copy_windows, laid out as sample_batch's (first block r ~ U{1..B} long); only
-    the second half of each window is noised and scored, the first is its clean context."""
+    """A batch of recall_windows, laid out as sample_batch's (first block r ~ U{1..B} long, so a
+    window keeps its row's start and drops up to B - 1 tokens of its end); only the recalled
+    tokens are noised and scored, the rest is clean context."""
     W = n_blocks * B
-    flat = copy_windows(stream, n_seq, W, gen).reshape(-1)
-    second = (torch.arange(W) >= W // 2).long().repeat(n_seq)
+    rows, scored_rows = recall_windows(stream, n_seq, W, gen)
     r = torch.randint(1, B + 1, (n_seq,), generator=gen)
-    starts = torch.arange(n_seq) * W + (B - r)  # each window ends where its row does
-    clean, pos, valid = layout_windows(flat, starts, r, n_blocks, B, pad_id)
-    scored = layout_windows(second, starts, r, n_blocks, B, 0)[0].bool() & valid
+    starts = torch.arange(n_seq) * W  # a window of r + (n_blocks - 1) B <= W tokens: its row's start
+    clean, pos, valid = layout_windows(rows.reshape(-1), starts, r, n_blocks, B, pad_id)
+    scored = layout_windows(scored_rows.reshape(-1).long(), starts, r, n_blocks, B, 0)[0].bool() & valid
     t = sample_t((n_seq, n_blocks), eps, gen)
     noisy, masked = apply_noise(clean, scored, t, mask_id, gen)
     return Batch(clean, noisy, pos, valid, masked, t, scored)
@@ -397,7 +425,9 @@ class TrainConfig:
     chat_seq_tokens: int = 1280  # tokens per chat window, about (each starts where a transcript does)
     export_every_min: float = 0.0  # call train(export=...) this often (0: never)
     certainty: float = 0.0  # weight of the entropy of masked positions already right (nelbo_from_logits)
-    copy_ratio: float = 0.0  # fraction of batches that are copy windows of the stream (sample_copy_batch)
+    copy_ratio: float = (
+        0.0  # fraction of batches that are in-context recall windows of the stream (sample_recall_batch)
+    )
     # per stream of train(distill=[...]), the model's own continuations: the fraction of batches
     # drawn from it, and its tokens per window, about (each window starts where a row does)
     distill_ratio: tuple = ()
@@ -658,7 +688,7 @@ class _Run:
         tc, c, gen = self.tc, self.model.config, self.gen
         if copy:
             n_seq, nb = batch_shape(B, tc)
-            return sample_copy_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
+            return sample_recall_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)
         if chat is None:
             n_seq, nb = batch_shape(B, tc)
             return sample_batch(stream, n_seq, B, nb, gen, c.mask_token_id, c.pad_token_id, tc.eps)

@@ -242,7 +242,7 @@ def test_bad_request_through_the_openai_client(client, model_id):
 
 
 def test_body_size_limit(server):
-    from clover_gguf.serve.app import MAX_BODY_BYTES
+    from clover_gguf.serve.http import MAX_BODY_BYTES
 
     status, err = raw(server, "POST", C, None, headers={"Content-Length": str(MAX_BODY_BYTES + 1)})
     assert status == 413 and "limit" in err["error"]["message"]

@@ -129,7 +129,7 @@ class _Body:
 
 
 def test_read_json_limits_and_errors():
-    from clover_gguf.serve.app import BadRequest, read_json
+    from clover_gguf.serve.http import BadRequest, read_json
 
     ok = asyncio.run(read_json(_Body([b'{"a":', b" 1}"]), limit=16))
     assert ok == {"a": 1}

@@ -11,7 +11,7 @@ import pytest
 from test_server import raw
 
 from clover_gguf.reference.generate import GenerationConfig
-from clover_gguf.serve.tools import chat_message, request_constraint
+from clover_gguf.serve.tools import chat_message, check_tools, request_constraint
 
 TOOLS = [
     {
@@ -192,7 +192,7 @@ def test_history_of_calls_round_trips_through_the_template(rt):
     text the model generated: the next turn's prompt extends this one."""
     msgs = [{"role": "user", "content": PROMPTS[3]}]
     choice = {"type": "function", "function": {"name": "grep"}}  # one call, then the end of the turn
-    con = request_constraint({"tools": TOOLS, "tool_choice": choice}, False, rt.token_id)
+    con = request_constraint(check_tools(TOOLS), choice, True, None, None, False, rt.token_id)
     prompt = rt.chat_prompt(msgs, enable_thinking=False, tools=con.tools)
     cfg = GenerationConfig(max_new_tokens=192, block_size=rt.default_block_size, grammar=con.grammar)
     toks = rt.generate(rt.tokenize(prompt), cfg).tokens

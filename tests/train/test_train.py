@@ -359,36 +359,42 @@ def test_score_mask_keeps_the_rest_clean_and_unscored(tmp_path):
     assert log["step"] == 4 and all(r["chat"] for r in log["steps"])
 
 
-def test_copy_windows_repeat_pieces_of_their_first_half():
+def test_recall_windows_score_only_what_the_window_has_said_before():
     g = torch.Generator().manual_seed(0)
-    stream = torch.arange(1000, 6000)  # distinct tokens: a piece is found by its first token
-    rows = T.copy_windows(stream, 4, 64, g, spans=(4, 8))
-    assert rows.shape == (4, 64)
-    for r in rows.tolist():
-        first, rest = r[:32], r[32:]
-        assert first == list(range(first[0], first[0] + 32))  # a span of the stream
-        assert set(rest) <= set(first)  # the rest is made of it
-        # in pieces of 4-8 tokens: a break (a token that does not follow its predecessor in
-        # the first half) at most every 4 tokens, and at least every 8
-        breaks = [i for i in range(1, 32) if rest[i] != rest[i - 1] + 1]
-        gaps = [b - a for a, b in zip([0] + breaks, breaks + [32])]
-        assert min(gaps[:-1] or [4]) >= 4 and len(breaks) >= 32 // 8 - 1
+    stream = torch.arange(1000, 6000)  # distinct tokens: every lookup has one answer
+    rows, scored = T.recall_windows(stream, 16, 64, g, spans=(4, 8))
+    assert rows.shape == scored.shape == (16, 64)
+    kinds = set()
+    for r, s in zip(rows.tolist(), scored.tolist()):
+        first = s.index(True)
+        before = {(r[j], r[j + 1]) for j in range(first - 1)}
+        # every scored token is the one that followed the token before it earlier in the window
+        assert all((r[i - 1], r[i]) in before for i, x in enumerate(s) if x)
+        spans = r[1] == r[0] + 1  # a span of the stream; pairs are unrelated tokens
+        kinds.add("spans" if spans else "pairs")
+        if not spans:
+            assert all(s[first::2]) and not any(s[first + 1 :: 2])  # each query's value, not its key
+    assert kinds == {"pairs", "spans"}
 
 
-def test_copy_batch_scores_only_the_second_half(tmp_path):
+def test_recall_batch_scores_only_recalled_tokens(tmp_path):
     g = torch.Generator().manual_seed(1)
-    stream = torch.randint(2, 64, (3000,))
-    b = T.sample_copy_batch(stream, 6, 4, 8, g, mask_id=1, pad_id=0, eps=1e-3)
+    stream = torch.arange(100, 4000)
+    b = T.sample_recall_batch(stream, 6, 4, 8, g, mask_id=1, pad_id=0, eps=1e-3)
     assert b.clean.shape == (6, 8, 4) and b.scored is not None
-    flat_scored, flat_valid = b.scored.reshape(6, -1), b.valid.reshape(6, -1)
-    for s, v in zip(flat_scored.tolist(), flat_valid.tolist()):
-        idx = [i for i, x in enumerate(v) if x]
-        assert sum(s) == 16  # the window's last 16 tokens of its 32
-        assert all(s[i] for i in idx[-16:]) and not any(s[i] for i in idx[: len(idx) - 16])
-    assert not (b.masked & ~b.scored).any()
+    assert not (b.masked & ~b.scored).any() and b.scored.any()
+    # each window starts at its row's start: the first scored token follows its first occurrence
+    for clean, sc, v in zip(
+        b.clean.reshape(6, -1).tolist(), b.scored.reshape(6, -1).tolist(), b.valid.reshape(6, -1).tolist()
+    ):
+        toks = [t for t, ok in zip(clean, v) if ok]
+        flags = [x for x, ok in zip(sc, v) if ok]
+        i = flags.index(True)
+        assert (toks[i - 1], toks[i]) in {(toks[j], toks[j + 1]) for j in range(i - 1)}
     # a run with chat and copy batches: each step is one kind
     chat = (torch.randint(2, 64, (2000,)), torch.arange(0, 2000, 50))
     tc = small_tc(max_steps=20, chat_ratio=0.3, copy_ratio=0.4, chat_seq_tokens=16, ckpt_dir=str(tmp_path))
+    stream = torch.randint(2, 64, (3000,))  # tiny_config's vocabulary
     log = T.train(T.new_model(tiny_config(), 0), stream, tc, log_fn=lambda s: None, chat=chat)
     kinds = [(r["chat"], r["copy"]) for r in log["steps"]]
     assert (1, 1) not in kinds and {(1, 0), (0, 1), (0, 0)} <= set(kinds)

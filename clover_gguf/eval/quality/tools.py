@@ -218,9 +218,9 @@ def match_calls(expected: list[dict], emitted: list[dict]) -> list[dict | None]:
 
 def constrain(dec, g: GenerationConfig, turn: dict) -> GenerationConfig:
     """The server's tool_choice "auto" grammar: lazy, from the first <tool_call> token on."""
-    from ...serve.tools import request_constraint
+    from ...serve.tools import check_tools, request_constraint
 
-    c = request_constraint({"tools": turn["tools"], "tool_choice": "auto"}, turn["thinking"], dec.token_id)
+    c = request_constraint(check_tools(turn["tools"]), "auto", True, None, None, turn["thinking"], dec.token_id)
     g.grammar, g.grammar_triggers = c.grammar, [dec.token_id(c.trigger)] if c.trigger else None
     return g
 

@@ -1,0 +1,304 @@
+"""The one internal chat request that every chat front door (OpenAI chat completions, Anthropic
+messages, OpenAI responses) translates into, and its run on the engine.
+
+A ChatRequest holds messages in the chat template's form (roles system, user, assistant, tool;
+text content; an assistant's `reasoning_content` and `tool_calls` with `arguments` as a JSON
+string; a tool message's `tool_call_id`), tools and tool_choice in OpenAI's function form, the
+output constraint, thinking, and the decoding fields. A ChatRun renders it, queues it and gives
+the reply whole (`result`) or as it is decoded (`events`): reasoning, content and complete tool
+calls, then the end. No front door decodes anything itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from .decoding import Decoding, Sampling, sampling
+from .engine import Job
+from .http import BadRequest, Pending, job_error
+from .text import split_reasoning
+from .tools import ChatDeltas, Constraint, chat_message, request_constraint
+
+# chat_template_kwargs the server sets itself
+TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+CALL_MEMORY = 4096  # tool calls whose exact text the server keeps (by call id)
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    decoding: Decoding = field(default_factory=Decoding)
+    tools: list[dict] | None = None  # OpenAI function tools, checked (tools.check_tools)
+    tool_choice: str | dict | None = None  # auto, none, required, {"type": "function", "function": {"name"}}
+    parallel_tool_calls: bool = True
+    schema: dict | None = None  # the content must match this JSON schema
+    grammar: str | None = None  # or this GBNF grammar
+    thinking: bool | None = None  # None: on, unless the reply is constrained to calls, a schema or a grammar
+    template_kwargs: dict = field(default_factory=dict)
+    # the front door's names of our fields, for the errors that name them ({"schema": "text.format"})
+    names: dict[str, str] = field(default_factory=dict)
+
+    def name(self, ours: str) -> str:
+        return self.names.get(ours, ours)
+
+
+class ContextOverflow(BadRequest):
+    """The prompt does not fit the context: each front door words it as its API's clients
+    recognise it (litellm maps those words to ContextWindowExceededError)."""
+
+    def __init__(self, n_prompt: int, limit: int, param: str):
+        super().__init__(
+            f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+            f"{n_prompt} tokens. Please reduce the length of the messages.",
+            param,
+            "context_length_exceeded",
+        )
+        self.n_prompt, self.limit = n_prompt, limit
+
+
+class CallMemory:
+    """The exact text of the tool calls the server generated, by call id (bounded, LRU), and the
+    reasoning of the turn that made them. A client that sends a call back re-serialised
+    (`{"a":1}` for `{"a": 1}`) or without its turn's reasoning gets the history rendered as the
+    model wrote it, so the next turn reuses the snapshot of this one (state reuse)."""
+
+    def __init__(self, capacity: int = CALL_MEMORY):
+        self.capacity = capacity
+        self._d: OrderedDict[str, tuple[str, str, str | None]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, msg: dict) -> None:
+        for c in msg.get("tool_calls") or []:
+            fn = c["function"]
+            with self._lock:
+                self._d[c["id"]] = (fn["name"], fn["arguments"], msg.get("reasoning_content"))
+                self._d.move_to_end(c["id"])
+                while len(self._d) > self.capacity:
+                    self._d.popitem(last=False)
+
+    def restore(self, msg: dict) -> dict:
+        """An assistant message with its calls' text as generated, when the client sent back
+        the same call (same name, equal arguments); other calls in the template's JSON form."""
+        calls = msg.get("tool_calls")
+        if not calls:
+            return msg
+        out, reasoning = [], None
+        for c in calls:
+            fn = c["function"]
+            with self._lock:
+                known = self._d.get(c.get("id") or "")
+            args = fn["arguments"]
+            if known and known[0] == fn["name"] and _same_json(known[1], args):
+                args, reasoning = known[1], reasoning or known[2]
+            else:
+                args = _canonical(args)
+            out.append({**c, "function": {"name": fn["name"], "arguments": args}})
+        msg = {**msg, "tool_calls": out}
+        if reasoning and not msg.get("reasoning_content"):
+            msg["reasoning_content"] = reasoning
+        return msg
+
+
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
+
+
+def _canonical(args: str) -> str:
+    """Arguments as the template's examples and the model write them (json.dumps: ", " and ": ")."""
+    try:
+        return json.dumps(json.loads(args), ensure_ascii=False)
+    except ValueError:
+        return args
+
+
+@dataclass
+class ChatPrompt:
+    """A chat request rendered: the prompt's text and tokens, where the history ends (its tokens
+    rendered without the generation prompt), and how the template was called."""
+
+    text: str
+    ids: list[int]
+    n_hist: int
+    msgs: list[dict]
+    thinking: bool
+    con: Constraint
+    template_kw: dict
+
+    def history(self, rt, reply: str) -> list[int]:
+        """The tokens the next turn starts with: this conversation and the reply, as the next
+        turn renders them (without the generation prompt and an empty think block)."""
+        m = self.msgs + [chat_message(reply, self.thinking, self.con.parse_calls)]
+        return rt.tokenize(rt.chat_prompt(m, add_generation_prompt=False, **self.template_kw))
+
+
+def prepare_chat(rt, req: ChatRequest, calls: CallMemory | None = None) -> ChatPrompt:
+    """What a chat request renders to (run in a thread: the constraint's grammar is built here
+    too). Thinking is on unless the request turns it off, or constrains the reply to calls, a
+    schema or a grammar: that reply is read by a program (then thinking only when asked for, and
+    the grammar lets a think block come first)."""
+    kw = req.template_kwargs
+    bad = next((k for k in kw if k in TEMPLATE_RESERVED), None)
+    if bad:
+        p = f"chat_template_kwargs.{bad}"
+        raise BadRequest(f"'{p}' is set by the server (from the request's own fields)", p)
+    thinking = req.thinking
+    extra = {k: v for k, v in kw.items() if k != "enable_thinking"}
+    con = request_constraint(
+        req.tools,
+        req.tool_choice,
+        req.parallel_tool_calls,
+        req.schema,
+        req.grammar,
+        bool(thinking),
+        rt.token_id,
+        req.names,
+    )
+    if thinking is None:
+        thinking = con.grammar is None or con.trigger is not None
+    msgs = [calls.restore(m) if calls and m["role"] == "assistant" else m for m in req.messages]
+    tkw = {"enable_thinking": thinking, **({"tools": con.tools} if con.tools else {}), **extra}
+    try:
+        text = rt.chat_prompt(msgs, **tkw)
+        n_hist = len(rt.tokenize(rt.chat_prompt(msgs, add_generation_prompt=False, **tkw)))
+    except Exception as e:  # a template error is the request's fault
+        raise BadRequest(f"the chat template failed on these messages: {e}", req.name("messages")) from None
+    return ChatPrompt(text, rt.tokenize(text), n_hist, msgs, thinking, con, tkw)
+
+
+@dataclass
+class ChatReply:
+    """A finished reply. finish_reason: stop (an end token), stop_word (a stop string: which is
+    `stop_word`), length, tool_calls (it ended with calls)."""
+
+    reasoning: str | None
+    content: str
+    calls: list[dict]
+    finish_reason: str
+    stop_word: str | None
+    usage: dict
+    tokens: list[int]
+    probs: list[float]
+    top: list
+    text: str  # all of it, as generated (up to the end token or stop string)
+
+
+def _finish(ev: dict, has_calls: bool) -> str:
+    if ev.get("stop_word") is not None:
+        return "stop_word"
+    if ev["finish_reason"] == "stop" and has_calls:
+        return "tool_calls"
+    return ev["finish_reason"]
+
+
+class ChatRun:
+    """A ChatRequest on the engine. `await run.start()` renders it (a FieldError or BadRequest
+    is the request's fault), checks it fits the context and queues it; then either
+    `await run.result()` or `async for ev in run.events()`."""
+
+    def __init__(self, srv, request: Request, req: ChatRequest):
+        self.srv, self.request, self.req = srv, request, req
+        self.cp: ChatPrompt | None = None
+        self.s: Sampling | None = None
+        self.pend: Pending | None = None
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.cp.ids)
+
+    async def render(self) -> ChatPrompt:
+        srv = self.srv
+        self.cp = await asyncio.to_thread(prepare_chat, srv.rt, self.req, srv.calls)
+        if len(self.cp.ids) > srv.config.ctx_size:
+            raise ContextOverflow(len(self.cp.ids), srv.config.ctx_size, self.req.name("messages"))
+        return self.cp
+
+    async def start(self) -> None:
+        srv, cp = self.srv, self.cp or await self.render()
+        rt = srv.rt
+        self.s = s = sampling(self.req.decoding, len(cp.ids), srv.limits, srv.config.n_predict)
+        s.cfg.grammar = cp.con.grammar
+        s.cfg.grammar_triggers = [rt.token_id(cp.con.trigger)] if cp.con.trigger else None
+        # snapshots where the history ends, and of the history with the reply (the next turn's start)
+        job = Job(cp.ids, s.cfg, None, s.stop, s.cache, [cp.n_hist], lambda reply: cp.history(rt, reply))
+        self.pend = pend = srv.pending(self.request)
+        job.emit = pend.emit
+        try:
+            await pend.start(job)
+            if (ev := pend.refused()) is not None:
+                raise job_error(ev, self.req.name(cp.con.kind_field))
+        except BaseException:
+            pend.close()
+            raise
+
+    async def result(self) -> ChatReply:
+        try:
+            while (ev := await self.pend.next())["type"] == "block":
+                pass
+        finally:
+            self.pend.close()  # no-op when done; stops the generation if this handler was cancelled
+        if ev["type"] == "error":
+            raise job_error(ev, self.req.name(self.cp.con.kind_field))
+        msg = chat_message(ev["text"], self.cp.thinking, self.cp.con.parse_calls)
+        self.srv.calls.remember(msg)
+        calls = msg.get("tool_calls") or []
+        return ChatReply(
+            msg.get("reasoning_content"),
+            msg.get("content") or "",
+            calls,
+            _finish(ev, bool(calls)),
+            ev.get("stop_word"),
+            ev["usage"],
+            ev["tokens"],
+            ev["probs"],
+            ev["top"],
+            ev["text"],
+        )
+
+    async def events(self) -> AsyncIterator[dict]:
+        """The reply as it is decoded: {"type": "delta", "reasoning", "content", "calls", "block"}
+        per block (any part may be empty; `block` is the engine's event, for logprobs), then
+        {"type": "done", "finish_reason", "stop_word", "usage", "message"} or {"type": "error",
+        "message"}. The text of the deltas, joined, is the text result() gives."""
+        deltas = ChatDeltas(self.cp.thinking, self.cp.con.parse_calls)
+        reasoning, content, calls = [], [], []
+        try:
+            while True:
+                ev = await self.pend.next()
+                if ev["type"] == "error":
+                    yield {"type": "error", "message": ev["message"]}
+                    return
+                last = ev["type"] == "done"
+                d = deltas.feed(ev["text"] if ev["type"] == "block" else "", last=last)
+                r, c, k = d.get("reasoning_content") or "", d.get("content") or "", d.get("tool_calls") or []
+                reasoning.append(r)
+                content.append(c)
+                calls += k
+                if r or c or k or ev["type"] == "block":
+                    yield {"type": "delta", "reasoning": r, "content": c, "calls": k, "block": ev}
+                if last:
+                    msg = {"role": "assistant", "content": "".join(content)}
+                    if self.cp.thinking and split_reasoning(ev["text"])[0] is not None:
+                        msg["reasoning_content"] = "".join(reasoning)
+                    if calls:
+                        msg["tool_calls"] = [{k: x[k] for k in ("id", "type", "function")} for x in calls]
+                    self.srv.calls.remember(msg)
+                    yield {
+                        "type": "done",
+                        "finish_reason": _finish(ev, bool(calls)),
+                        "stop_word": ev.get("stop_word"),
+                        "usage": ev["usage"],
+                        "message": msg,
+                    }
+                    return
+        finally:
+            self.pend.close()
