@@ -101,7 +101,7 @@ CHAT: dict[str, Field] = COMMON | {
     "modalities": _neutral(lambda v: v == ["text"], '["text"]', "text only"),
     "metadata": Field(NO_EFFECT, note=_META),
     "reasoning_effort": Field(IMPLEMENTED, note="thinking: none and minimal turn it off, the others on"),
-    "verbosity": Field(REFUSED, note="the model has no verbosity control; it would change the answer"),
+    "verbosity": Field(NO_EFFECT, note="the model has no verbosity control; agents send it by default"),
     "audio": Field(REFUSED, note="text only"),
     "prediction": Field(REFUSED, note="no predicted outputs"),
     "web_search_options": Field(REFUSED, note="no web search"),
@@ -137,12 +137,14 @@ ANTHROPIC: dict[str, Field] = {
     "metadata": Field(NO_EFFECT, note=_META),
     "service_tier": Field(NO_EFFECT, note="the server has one tier"),
     "output_format": Field(IMPLEMENTED, note="json_schema: the text matches the schema (constrained decoding)"),
+    "output_config": Field(IMPLEMENTED, note="format as output_format; effort accepted with no effect"),
     "clover": COMMON["clover"],
     "mcp_servers": Field(REFUSED, note="no MCP connector: the server calls no remote tools"),
     "container": Field(REFUSED, note="no code execution container"),
 }
 ANTHROPIC_COUNT: dict[str, Field] = {
-    k: ANTHROPIC[k] for k in ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_format")
+    k: ANTHROPIC[k]
+    for k in ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_format", "output_config")
 }
 # the keys of a message and of a content block (cache_control: there is no cache to steer; state
 # reuse is automatic; citations: no documents are cited)

@@ -12,8 +12,10 @@ loopback port (--parallel 2, -c 2048, --n-predict 32 so that no accepted request
 the server's address space is limited to what it uses after startup plus --mem-limit-gb).
 
 Each request is a valid base request of a route (/v1/completions, /v1/chat/completions,
-/infill, /tokenize, /detokenize, /apply-template; chat with tools, tool_choice, response_format
-or grammar some of the time), then mutated: a field set to a hostile value (wrong types, huge,
+/v1/messages and its count_tokens, /v1/responses, /infill, /tokenize, /detokenize,
+/apply-template; chat with tools, tool_choice, response_format or grammar some of the time;
+messages with tool_use / tool_result / thinking blocks; responses with function_call items and
+an unknown previous_response_id), then mutated: a field set to a hostile value (wrong types, huge,
 negative and non-finite numbers, deep nesting, long and odd unicode, lone surrogates, special
 tokens), a field removed or an unknown one added, JSON schemas that are recursive or enormous,
 grammars that do not parse or match nothing, a body that is not a JSON object or not JSON, or
@@ -142,11 +144,68 @@ TOOL = {
 }
 
 
+A_TOOL = {"name": "read_file", "description": "Read a file", "input_schema": TOOL["function"]["parameters"]}
+R_TOOL = {"type": "function", **TOOL["function"]}
+ROUTES = {
+    "/v1/completions": 6, "/v1/chat/completions": 10, "/v1/messages": 8, "/v1/messages/count_tokens": 1,
+    "/v1/responses": 8, "/infill": 1, "/tokenize": 1, "/detokenize": 1, "/apply-template": 1,
+}  # fmt: skip
+
+
+def anthropic_base(rng: random.Random, route: str) -> dict:
+    use = {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "os.py"}}
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "toolu_1",
+        "content": rng.choice(["x", [{"type": "text", "text": "y"}]]),
+    }
+    msgs = rng.choice([
+        [{"role": "user", "content": "Read os.py"}],
+        [{"role": "user", "content": [{"type": "text", "text": "Read os.py", "cache_control": {"type": "ephemeral"}}]},
+         {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"}, use]},
+         {"role": "user", "content": [result]}],
+        [{"role": "user", "content": "hi"}, {"role": "system", "content": "mid-conversation"},
+         {"role": "user", "content": "again"}],
+    ])  # fmt: skip
+    body = {"model": "m", "messages": msgs, "system": rng.choice(["s", [{"type": "text", "text": "s"}]])}
+    body |= rng.choice([{}, {"tools": [A_TOOL]}, {"tools": [A_TOOL], "tool_choice": {"type": "any"}},
+                        {"tools": [A_TOOL], "tool_choice": {"type": "tool", "name": "read_file"}},
+                        {"thinking": {"type": rng.choice(["enabled", "adaptive", "disabled"]), "budget_tokens": 1024}},
+                        {"output_config": {"format": {"type": "json_schema", "schema": TOOL["function"]["parameters"]}}}])  # fmt: skip
+    if route.endswith("count_tokens"):
+        return body
+    return body | {
+        "max_tokens": rng.randrange(1, 24),
+        "stop_sequences": ["\n\n"],
+        "clover": {"steps": rng.choice([1, 4])},
+    }
+
+
+def responses_base(rng: random.Random) -> dict:
+    call = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": '{"path": "os.py"}'}
+    out = {"type": "function_call_output", "call_id": "call_1", "output": "x"}
+    items = rng.choice([
+        "Read os.py",
+        [{"role": "user", "content": "Read os.py"}],
+        [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox"}]},
+         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Read os.py"}]},
+         {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "eyJyZWFzb25pbmciOiAieCJ9"}, call, out],
+    ])  # fmt: skip
+    body = {"model": "m", "input": items, "max_output_tokens": rng.randrange(1, 24), "instructions": "be brief"}
+    body |= rng.choice([{}, {"tools": [R_TOOL, {"type": "web_search"}]}, {"tools": [R_TOOL], "tool_choice": "required"},
+                        {"text": {"format": {"type": "json_object"}}}, {"reasoning": {"effort": rng.choice(["none", "high"])}},
+                        {"store": False, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k"}])  # fmt: skip
+    if rng.random() < 0.1:  # one the server never made (a campaign's cases do not depend on each other)
+        body["previous_response_id"] = "resp_unknown"
+    return body
+
+
 def base(rng: random.Random) -> tuple[str, dict]:
-    route = rng.choices(
-        ["/v1/completions", "/v1/chat/completions", "/infill", "/tokenize", "/detokenize", "/apply-template"],
-        weights=[6, 10, 1, 1, 1, 1],
-    )[0]
+    route = rng.choices(list(ROUTES), weights=list(ROUTES.values()))[0]
+    if route.startswith("/v1/messages"):
+        return route, anthropic_base(rng, route)
+    if route == "/v1/responses":
+        return route, responses_base(rng)
     small = {"max_tokens": rng.randrange(0, 24), "clover": {"steps": rng.choice([1, 4, 16])}}
     if route == "/v1/completions":
         prompt = rng.choice(["def f(x):\n", [5, 6, 7], "import os\n"])
@@ -174,11 +233,16 @@ FIELDS = [
     "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice", "parallel_tool_calls",
     "response_format", "grammar", "chat_template_kwargs", "clover", "store", "metadata", "service_tier",
     "input_prefix", "input_suffix", "input_extra", "n_predict", "content", "tokens", "add_special", "with_pieces",
+    "system", "stop_sequences", "thinking", "output_config", "output_format", "input", "instructions", "text",
+    "reasoning", "max_output_tokens", "previous_response_id", "include", "reasoning_effort", "prompt_cache_key",
 ]  # fmt: skip
 NESTED = [
     ("clover", "steps"), ("clover", "block_size"), ("clover", "threshold"), ("clover", "cache_prompt"), ("clover", "x"),
     ("stream_options", "include_usage"), ("chat_template_kwargs", "enable_thinking"),
     ("chat_template_kwargs", "add_generation_prompt"), ("chat_template_kwargs", "extra"),
+    ("tool_choice", "type"), ("tool_choice", "name"), ("tool_choice", "disable_parallel_tool_use"),
+    ("thinking", "type"), ("thinking", "budget_tokens"), ("text", "format"), ("text", "verbosity"),
+    ("reasoning", "effort"), ("output_config", "format"), ("output_config", "effort"),
 ]  # fmt: skip
 
 
@@ -191,13 +255,22 @@ def mutate(rng: random.Random, route: str, body: dict):
         parent, key = rng.choice(NESTED)
         body[parent] = body.get(parent) if isinstance(body.get(parent), dict) else {}
         body[parent][key] = hostile(rng)
-    elif k == 5 and isinstance(body.get("messages"), list) and body["messages"]:
-        m = rng.choice(body["messages"])
+    elif k == 5 and isinstance(body.get("messages") or body.get("input"), list):
+        key = "messages" if isinstance(body.get("messages"), list) else "input"
+        m = rng.choice(body[key] or [{}])
         m = dict(m) if isinstance(m, dict) else {"role": "user", "content": "x"}
-        m[rng.choice(["role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "x"])] = hostile(
-            rng
-        )
-        body["messages"] = rng.choice([[m], body["messages"] + [m], [m] * rng.choice([2, 500])])
+        if isinstance(m.get("content"), list) and m["content"] and rng.random() < 0.5:  # a content block
+            b = rng.choice(m["content"])
+            b = dict(b) if isinstance(b, dict) else {}
+            b[rng.choice(["type", "text", "id", "name", "input", "tool_use_id", "content", "is_error", "thinking"])] = (
+                hostile(rng)
+            )
+            m["content"] = [b]
+        else:
+            fields = ["role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "x", "type",
+                      "call_id", "arguments", "output", "encrypted_content", "summary"]  # fmt: skip
+            m[rng.choice(fields)] = hostile(rng)
+        body[key] = rng.choice([[m], body[key] + [m], [m] * rng.choice([2, 500])])
     elif k == 6:
         body.pop(rng.choice(list(body) or ["x"]), None)
     elif k == 7:
@@ -282,7 +355,7 @@ def send(port: int, case: Case, timeout: float, key: str | None) -> tuple[str, s
         return "broken", f"{type(e).__name__}: {e}"
     finally:
         conn.close()
-    if r.status >= 500 or b'"server_error"' in data:
+    if r.status >= 500 or b'"server_error"' in data or b'"api_error"' in data:
         return "5xx", f"{r.status}: {data[:300]!r}"
     if 200 <= r.status < 300:
         return "2xx", ""

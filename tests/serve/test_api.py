@@ -332,6 +332,18 @@ def test_docs_table_lists_every_field():
         for name in set(rows) - set(table):
             assert rows[name][col] == "—", (name, col, rows[name])
     assert set(rows) == set(fields.CHAT) | set(fields.COMPLETIONS)
+    # the tables of /v1/messages and /v1/responses, one column each
+    for title, table in (("## Anthropic Messages", fields.ANTHROPIC), ("## OpenAI Responses", fields.RESPONSES)):
+        section = doc.split(title, 1)[1].split("\n## ", 1)[0]
+        rows = {}
+        for line in section.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 3 and cells[0].startswith("`"):
+                for name in re.findall(r"`([a-z_.]+)`", cells[0]):
+                    rows[name] = cells[1]
+        assert set(rows) == set(table), (title, set(rows) ^ set(table))
+        for name, f in table.items():
+            assert rows[name].startswith(words[f.status]), (title, name, rows[name])
 
 
 # ----------------------------------------------------------------------------- issue 26: 4xx, never 5xx

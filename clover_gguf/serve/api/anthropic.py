@@ -102,12 +102,7 @@ def parse_messages(body: dict, ignored: list[str]) -> list[dict]:
     system = body.get("system")
     if system is not None:
         if isinstance(system, list):
-            parts = []
-            for j, b in enumerate(_blocks(system, "system", ignored)):
-                if b["type"] != "text":
-                    raise BadRequest(f"'system[{j}]' must be a text block", f"system[{j}]")
-                parts.append(_text_of(b, f"system[{j}]"))
-            system = "\n\n".join(parts)
+            system = "\n\n".join(_system_text(_blocks(system, "system", ignored), "system"))
         elif not isinstance(system, str):
             raise BadRequest("'system' must be a string or a list of text blocks", "system")
         out.append({"role": "system", "content": system})
@@ -120,15 +115,27 @@ def parse_messages(body: dict, ignored: list[str]) -> list[dict]:
             raise BadRequest(f"'{p}' must be an object", p)
         ignored += ["messages[]." + k.split(".")[-1] for k in fields.check_fields(m, fields.ANTHROPIC_MESSAGE)]
         role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise BadRequest(f"'{p}.role' must be user or assistant, got {json.dumps(role)}", f"{p}.role")
+        if role not in ("user", "assistant", "system"):
+            raise BadRequest(f"'{p}.role' must be user, assistant or system, got {json.dumps(role)}", f"{p}.role")
         blocks = _blocks(m.get("content"), f"{p}.content", ignored)
-        out += _user(blocks, p) if role == "user" else [_assistant(blocks, p)]
+        if role == "system":  # a system message inside the conversation (Claude Code's beta)
+            out.append({"role": "system", "content": "\n\n".join(_system_text(blocks, f"{p}.content"))})
+        else:
+            out += _user(blocks, p) if role == "user" else [_assistant(blocks, p)]
     if msgs[-1].get("role") == "assistant":
         raise BadRequest(
             "the last message is the assistant's: this server does not continue a prefilled reply", "messages"
         )
     return out
+
+
+def _system_text(blocks: list[dict], p: str) -> list[str]:
+    parts = []
+    for j, b in enumerate(blocks):
+        if b["type"] != "text":
+            raise BadRequest(f"'{p}[{j}]' must be a text block", f"{p}[{j}]")
+        parts.append(_text_of(b, f"{p}[{j}]"))
+    return parts
 
 
 def _user(blocks: list[dict], p: str) -> list[dict]:
@@ -243,11 +250,18 @@ def thinking_of(body: dict) -> bool:
 
 
 def output_schema(body: dict) -> dict | None:
-    of = body.get("output_format")
+    """The JSON schema of `output_config.format` (or the older `output_format`); the config's
+    `effort` is accepted with no effect (thinking is `thinking`'s)."""
+    oc = body.get("output_config")
+    if oc is not None and not isinstance(oc, dict):
+        raise BadRequest("'output_config' must be an object", "output_config")
+    param, of = "output_config.format", (oc or {}).get("format")
+    if of is None:
+        param, of = "output_format", body.get("output_format")
     if of is None:
         return None
     if not isinstance(of, dict) or of.get("type") != "json_schema" or not isinstance(of.get("schema"), dict):
-        raise BadRequest('\'output_format\' must be {"type": "json_schema", "schema": {...}}', "output_format")
+        raise BadRequest(f"'{param}' must be a json_schema format with a 'schema' object", param)
     return of["schema"]
 
 

@@ -202,11 +202,7 @@ def text_schema(body: dict) -> dict | None:
         return None
     if not isinstance(text, dict):
         raise BadRequest("'text' must be an object", "text")
-    v = text.get("verbosity")
-    if v not in (None, "medium"):  # the model has no verbosity control: only the default is honest
-        raise BadRequest(
-            f"'text.verbosity' must be medium (or absent) with this server, got {json.dumps(v)[:30]}", "text.verbosity"
-        )
+    # text.verbosity: accepted with no effect (the model has no verbosity control; Codex sends it)
     fmt = text.get("format")
     if fmt is None:
         return None
