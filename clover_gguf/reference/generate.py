@@ -13,7 +13,7 @@ import torch
 from ..constants import DEFAULT_THRESHOLD
 from ..errors import CloverError
 from ..generation.config import GenerationConfig
-from .sampling import candidates, row_key, step_key
+from .sampling import LogitBias, candidates, row_key, step_key
 
 
 class LogitsBackend(Protocol):
@@ -35,6 +35,7 @@ class TorchBackend:
 
     def __init__(self, model, prefill_mode: str = "parallel"):
         self.model, self.mode = model, prefill_mode
+        self.n_vocab = model.config.vocab_size
         self.state, self.pos = model.init_state(1), 0
         self.commits: list[tuple[list[int], int]] = []  # what the state holds, for diagnose()
 
@@ -113,9 +114,17 @@ def _check_finite(backend, logits, masked, block, index, step, pos0) -> None:
     )
 
 
-def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, index: int = 0, pos0: int = 0):
-    """Run one block (the index-th generated block, at position pos0) from all-mask to clean.
-    Returns (tokens, BlockStats)."""
+def denoise_block(
+    backend: LogitsBackend,
+    L: int,
+    cfg: GenerationConfig,
+    index: int = 0,
+    pos0: int = 0,
+    bias: LogitBias | None = None,
+):
+    """Run one block (the index-th generated block, at position pos0) from all-mask to clean,
+    the masked rows through `bias` (logit bias and penalties; it accepts each step's unmasked
+    tokens in position order after the step). Returns (tokens, BlockStats)."""
     block = [cfg.mask_token_id] * L
     masked = list(range(L))
     stats = BlockStats(index=index, n_tokens=L, steps=0)
@@ -126,8 +135,9 @@ def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, index: 
         logits = backend.block_logits(block)
         _check_finite(backend, logits, masked, block, index, stats.steps, pos0)
         skey = step_key(cfg.seed, index, stats.steps)
+        rows = logits[masked] if bias is None else bias.apply(logits[masked])
         tok, conf = candidates(
-            logits[masked],
+            rows,
             [row_key(skey, pos0 + i) for i in masked],
             temperature=cfg.temperature,
             top_k=cfg.top_k,
@@ -143,6 +153,8 @@ def denoise_block(backend: LogitsBackend, L: int, cfg: GenerationConfig, index: 
         done = set(chosen.tolist())
         for j in done:
             block[masked[j]] = int(tok[j])
+        for p in sorted(masked[j] for j in done) if bias is not None else ():
+            bias.accept(block[p])  # after the step: tokens unmasked together do not penalise each other
         masked = [p for j, p in enumerate(masked) if j not in done]
         stats.steps += 1
         stats.tokens_per_step.append(int(chosen.numel()))
@@ -158,7 +170,7 @@ def generate(
 ) -> GenerationResult:
     """Prefill, then blocks of cfg.block_size until max_new_tokens or a block holding EOS.
     `on_block(tokens, stats)` is called after each block; returning False stops."""
-    cfg.validate()
+    cfg.validate(getattr(backend, "n_vocab", None))
     if cfg.grammar is not None or cfg.n_probs or cfg.first_block is not None:
         raise ValueError("grammar, n_probs and first_block need the llama.cpp runtime (a .gguf model)")
     t_start = time.perf_counter()
@@ -166,9 +178,10 @@ def generate(
     prefill_ms = (time.perf_counter() - t_start) * 1e3
     out: list[int] = []
     blocks: list[BlockStats] = []
+    bias = LogitBias.of(cfg)
     while len(out) < cfg.max_new_tokens:
         L = min(cfg.block_size, cfg.max_new_tokens - len(out))
-        block, stats = denoise_block(backend, L, cfg, index=len(blocks), pos0=len(prompt) + len(out))
+        block, stats = denoise_block(backend, L, cfg, index=len(blocks), pos0=len(prompt) + len(out), bias=bias)
         out.extend(block)
         blocks.append(stats)
         stop = cfg.eos_token_id is not None and cfg.eos_token_id in block

@@ -18,6 +18,8 @@ ties to the lower column. The confidence is the candidate's probability under so
 
 from __future__ import annotations
 
+from collections import Counter, deque
+
 import numpy as np
 import torch
 
@@ -95,3 +97,44 @@ def candidates(
         toks.append(int(cols[int(np.argmax(score))]))
     tok = torch.tensor(toks, dtype=torch.long)
     return tok, probs.gather(-1, tok[:, None])[:, 0].float()
+
+
+class LogitBias:
+    """logit_bias, then the presence and frequency penalties, on a step's masked rows (docs/CONTRACTS.md,
+    "Logit bias and penalties"): llama.cpp's logit_bias and penalties samplers (repeat penalty off),
+    in float32 as they compute. `accept(token)` counts a token unmasked at an earlier step; the
+    window keeps the last `last_n` accepted."""
+
+    def __init__(self, logit_bias: dict[int, float], presence: float, frequency: float, last_n: int):
+        self.bias = [(int(t), np.float32(b)) for t, b in sorted(logit_bias.items())]
+        self.presence, self.frequency = np.float32(presence), np.float32(frequency)
+        self.last_n = last_n if (presence or frequency) else 0
+        self.window: deque[int] = deque()
+        self.count: Counter[int] = Counter()
+
+    @classmethod
+    def of(cls, cfg) -> LogitBias | None:
+        """The cfg's (a GenerationConfig), or None when it biases nothing."""
+        if not cfg.biases():
+            return None
+        return cls(cfg.active_logit_bias(), cfg.presence_penalty, cfg.frequency_penalty, cfg.penalty_last_n())
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Rows [n, V] float32 -> the biased and penalised rows (a new tensor)."""
+        a = logits.float().numpy().copy()
+        for t, b in self.bias:
+            a[:, t] += b
+        for t, c in self.count.items():
+            a[:, t] -= np.float32(c) * self.frequency + np.float32(c > 0) * self.presence
+        return torch.from_numpy(a)
+
+    def accept(self, token: int) -> None:
+        if self.last_n == 0:
+            return
+        self.count[token] += 1
+        if len(self.window) >= self.last_n:
+            old = self.window.popleft()
+            self.count[old] -= 1
+            if self.count[old] == 0:
+                del self.count[old]
+        self.window.append(token)

@@ -412,6 +412,25 @@ class CloverRuntime:
             raise GrammarError(f"the grammar does not parse: {why or self._log.reason() or 'no reason given'}")
         return smpl
 
+    def bias_sampler(self, cfg: GenerationConfig) -> int:
+        """llama.cpp's logit_bias then penalties samplers (repeat penalty off, the window
+        cfg.penalty_last_n()) in a chain, for clover_batch_set_bias; the caller frees it
+        (llama_sampler_free)."""
+        lc = self._lib.lc
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if not chain:
+            raise RuntimeError_("llama_sampler_chain_init failed")
+        bias = cfg.active_logit_bias()
+        if bias:
+            arr = (lc.llama_logit_bias * len(bias))(*[lc.llama_logit_bias(t, b) for t, b in bias.items()])
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(self.n_vocab, len(bias), arr))
+        if cfg.presence_penalty or cfg.frequency_penalty:
+            pen = lc.llama_sampler_init_penalties(
+                self.n_vocab, cfg.penalty_last_n(), 1.0, float(cfg.frequency_penalty), float(cfg.presence_penalty)
+            )
+            lc.llama_sampler_chain_add(chain, pen)
+        return chain
+
     def check_grammar(self, grammar: str, triggers: list[int] | None = None) -> None:
         """GrammarError unless the grammar parses and (when not lazy) allows a first token."""
         lc = self._lib.lc
@@ -570,7 +589,7 @@ class CloverRuntime:
 class _BatchRun:
     """One clover_batch of CloverRuntime.generate_batch: adds sequences, steps them, and keeps
     what each sequence needs for its result (its block statistics, tokens generated, limit,
-    prompt and its length, start time, prefill ms, grammar sampler)."""
+    prompt and its length, start time, prefill ms, grammar and bias samplers)."""
 
     def __init__(self, rt: CloverRuntime, on_block: Callable[[int, list[int], BlockStats], bool | None] | None):
         self.rt, self.lib = rt, rt._lib
@@ -607,23 +626,26 @@ class _BatchRun:
     def add(self, seq: int, prompt, c: GenerationConfig, keep: bool) -> None:
         """Start sequence `seq` (its prompt committed after its kept memory when `keep`)."""
         rt, lib, batch = self.rt, self.lib, self.batch
-        c.validate()
+        c.validate(rt.n_vocab)
         if c.block_size > rt.n_ubatch:
             raise ValueError(f"block_size {c.block_size} > n_ubatch {rt.n_ubatch}")
         grammar = rt.grammar_sampler(c.grammar, c.grammar_triggers) if c.grammar is not None else None
+        bias = None
         toks = [int(t) for t in prompt]
         tp = time.perf_counter()
         try:
+            bias = rt.bias_sampler(c) if c.biases() else None  # off: no sampler, the paths as without
             rt._check(
                 lib.clover_batch_add(batch, rt._seq(seq), B.token_ptr(toks), len(toks), rt.gen_params(c), keep),
                 "clover_batch_add",
             )
         except BaseException:
-            if grammar:
-                lib.lc.llama_sampler_free(grammar)
+            for smpl in (grammar, bias):
+                if smpl:
+                    lib.lc.llama_sampler_free(smpl)
             raise
         q = self.seqs[seq] = dict(
-            blocks=[], n_gen=0, n_max=c.max_new_tokens, n_prompt=len(toks), t0=tp, grammar=grammar
+            blocks=[], n_gen=0, n_max=c.max_new_tokens, n_prompt=len(toks), t0=tp, grammar=grammar, bias=bias
         )
         q.update(prompt=toks, bs=c.block_size)
         q["prefill_ms"] = (time.perf_counter() - tp) * 1e3
@@ -638,6 +660,8 @@ class _BatchRun:
                 rt._check(
                     lib.clover_batch_set_triggers(batch, seq, B.token_ptr(trig), len(trig)), "clover_batch_set_triggers"
                 )
+        if bias:  # logit bias and penalties on the host, before the constraint (clover.h)
+            rt._check(lib.clover_batch_set_bias(batch, seq, bias), "clover_batch_set_bias")
         if c.n_probs:
             rt._check(lib.clover_batch_set_top_probs(batch, seq, c.n_probs), "clover_batch_set_top_probs")
         if c.first_block is not None:
@@ -670,11 +694,9 @@ class _BatchRun:
         return n_c
 
     def result(self, i: int) -> GenerationResult:
-        """Sequence i's result (it has ended); frees its grammar sampler."""
+        """Sequence i's result (it has ended); frees its grammar and bias samplers."""
         lib, q = self.lib, self.seqs[i]
-        g, q["grammar"] = q["grammar"], None
-        if g:
-            lib.lc.llama_sampler_free(g)
+        self._free_samplers(q)
         k = self.rt._check(lib.clover_batch_tokens(self.batch, i, None, 0), "clover_batch_tokens")
         out = (B.llama_token * max(1, k))()
         lib.clover_batch_tokens(self.batch, i, out, k)
@@ -695,9 +717,13 @@ class _BatchRun:
         self.lib.clover_batch_free(self.batch)
         self.c_cb = None  # it holds this object: no reference cycle once the batch is gone
         for q in self.seqs.values():
-            if q["grammar"]:
-                self.lib.lc.llama_sampler_free(q["grammar"])
-                q["grammar"] = None
+            self._free_samplers(q)
+
+    def _free_samplers(self, q: dict) -> None:
+        for k in ("grammar", "bias"):
+            smpl, q[k] = q[k], None
+            if smpl:
+                self.lib.lc.llama_sampler_free(smpl)
 
 
 def _block_stats(s) -> BlockStats:
@@ -722,6 +748,7 @@ class RuntimeBackend:
 
     def __init__(self, rt: CloverRuntime, reset: bool = True):
         self.rt = rt
+        self.n_vocab = rt.n_vocab
         self.commits: list[tuple[list[int], int]] = []  # since the reset, for diagnose()
         if reset:
             rt.reset()
