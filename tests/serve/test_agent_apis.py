@@ -290,3 +290,34 @@ def test_reserialised_calls_reuse_the_state(server, oc):
         raw_h(server.port, "POST", "/apply-template", body | {"messages": back(c)})[1]["prompt"] for c in (True, False)
     ]
     assert prompts[0] == prompts[1] and m.tool_calls[0].function.arguments in prompts[0]
+
+
+def test_penalties_and_logit_bias_through_the_server(server, oc):
+    """OpenAI's logit_bias and penalties reach llama.cpp's samplers: a ban moves the reply off its
+    first token, +100 on a token fills the reply with it, a frequency penalty changes a reply that
+    repeats tokens; out of range is a 400 naming the field."""
+    kw = dict(
+        model="x", messages=[{"role": "user", "content": "Write a loop"}], max_tokens=24, logprobs=True,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )  # fmt: skip
+    toks = lambda r: [t.token for t in r.choices[0].logprobs.content]
+
+    def token_id(text: str) -> int:
+        status, r, _ = raw_h(server.port, "POST", "/tokenize", {"content": text})
+        assert status == 200 and len(r["tokens"]) == 1, (text, r)
+        return r["tokens"][0]
+
+    base = oc.chat.completions.create(**kw)
+    first = toks(base)[0]
+    banned = oc.chat.completions.create(**kw, logit_bias={str(token_id(first)): -100})
+    assert toks(banned)[0] != first
+    forced = oc.chat.completions.create(**kw, logit_bias={str(token_id("x")): 100})
+    assert set(toks(forced)) == {"x"} and len(toks(forced)) == 24
+    assert len(set(toks(base))) < len(toks(base)), "precondition: the greedy reply repeats a token"
+    pen = oc.chat.completions.create(**kw, frequency_penalty=2.0)
+    assert toks(pen) != toks(base)
+    assert len(set(toks(pen))) / len(toks(pen)) >= len(set(toks(base))) / len(toks(base))
+    for field, v in (("frequency_penalty", 2.5), ("presence_penalty", -3), ("logit_bias", {"999999": 1})):
+        with pytest.raises(openai.BadRequestError) as ei:
+            oc.chat.completions.create(**kw, **{field: v})
+        assert ei.value.body["param"].startswith(field)
