@@ -55,7 +55,10 @@ def json_schema_to_grammar(schema: dict | bool | str) -> str:
     if len(raw) > MAX_SCHEMA_BYTES:
         raise SchemaError(f"the schema has {len(raw)} bytes, more than {MAX_SCHEMA_BYTES}")
     try:
-        _check_optional_properties(json.loads(text) if isinstance(schema, str) else schema)
+        obj = json.loads(text) if isinstance(schema, str) else schema
+        if obj is False or (isinstance(obj, dict) and obj.get("not") in ({}, True)):
+            raise SchemaError("no value fits the schema (it is false, or `not` of everything)")
+        _check_optional_properties(obj)
     except ValueError as e:  # JSONDecodeError: the converter says what is wrong
         if isinstance(e, SchemaError):
             raise
@@ -73,14 +76,54 @@ def json_schema_to_grammar(schema: dict | bool | str) -> str:
     if n < 0:
         why = " ".join(out.split())  # the converter's message spans lines
         raise SchemaError(why[:300])
-    return out
+    return _relax_repeats(out)
+
+
+def _relax_repeats(grammar: str) -> str:
+    """x{m,n} with n past GRAMMAR_LIMITS["repeat"] as x{m,}: llama.cpp's parser refuses more than
+    2,000 repetitions and expands each into a rule, and agents' schemas ask for more (Claude Code:
+    a string of maxLength 524288, an integer maximum of 2^53); a reply is capped far below
+    (--n-predict), so the bound constrains nothing a reply can reach. A minimum past it is
+    refused."""
+    cap = GRAMMAR_LIMITS["repeat"]
+
+    def sub(m: re.Match) -> str:
+        lo, comma, hi = m.group(1), m.group(2), m.group(3)
+        if int(lo or 0) > cap:
+            raise SchemaError(f"the schema asks for at least {lo} repetitions of an item, more than {cap}")
+        if comma and hi and int(hi) > cap:
+            return "{" + (lo or "0") + ",}"
+        return m.group(0)
+
+    out, pos = [], 0
+    while pos < len(grammar):  # token by token: braces inside strings and classes are text
+        r = _REPEAT.match(grammar, pos) if grammar[pos] == "{" else None
+        if r:
+            out.append(sub(r))
+            pos = r.end()
+            continue
+        m = _GBNF_TOKEN.match(grammar, pos)
+        out.append(m.group(0))
+        pos = m.end()
+    return "".join(out)
+
+
+_BOUNDS = (("minItems", "maxItems"), ("minLength", "maxLength"), ("minProperties", "maxProperties"),
+           ("minimum", "maximum"), ("minContains", "maxContains"))  # fmt: skip
 
 
 def _check_optional_properties(schema) -> None:
+    """Refuse what no value fits (a minimum past its maximum) and objects with more optional
+    properties than the converter handles in reasonable time."""
     stack = [schema]
     while stack:
         v = stack.pop()
         if isinstance(v, dict):
+            for lo_k, hi_k in _BOUNDS:
+                lo, hi = v.get(lo_k), v.get(hi_k)
+                num = lambda x: isinstance(x, int | float) and not isinstance(x, bool)
+                if num(lo) and num(hi) and lo > hi:
+                    raise SchemaError(f"'{lo_k}' {lo} is more than '{hi_k}' {hi}: no value fits the schema")
             props, req = v.get("properties"), v.get("required")
             if isinstance(props, dict):
                 required = {r for r in req if isinstance(r, str)} if isinstance(req, list) else set()
@@ -108,6 +151,147 @@ def prefix_rules(grammar: str, prefix: str, only: str | None = None) -> str:
         t = m.group(0)
         out.append(prefix + t if _IDENT.fullmatch(t) and (only is None or t == only) else t)
     return "".join(out)
+
+
+class GrammarBudget(CloverError, ValueError):
+    """A grammar past what the server builds (GRAMMAR_LIMITS); the message says which limit."""
+
+
+# What a grammar may ask llama.cpp to build, checked on its text before anything is built:
+# llama.cpp's parser recurses per nesting level and per rule reference (100,000 of either crashed
+# the server), expands x{m,n} into about n copies of x (x{0,2000000000} never ends; a schema
+# with 3,000 strings of maxLength 1999 took 1.65 GB), and its stacks grow with the alternatives a
+# position allows (20,000 alternatives under a `*`: 59 s a step). The JSON schemas of every tool
+# the coding agents send (Claude Code's 26) stay well inside (docs/CONTRACTS.md).
+GRAMMAR_LIMITS = {
+    "depth": 64,  # nesting of parentheses
+    "rules": 4096,
+    "chain": 256,  # the longest chain of rule references without recursion
+    "alternatives": 1024,  # in one rule or group
+    "repeat": 1024,  # the n of x{m,n}
+    "elements": 262_144,  # elements after llama.cpp expands repetitions
+}
+_REPEAT = re.compile(r"\{\s*(\d*)\s*(,?)\s*(\d*)\s*\}")
+
+
+def check_gbnf(grammar: str) -> None:
+    """GrammarBudget if the GBNF text is past GRAMMAR_LIMITS or asks for x{m,n} with m > n;
+    a grammar that does not parse is left to llama.cpp's parser (which says why)."""
+    lim = GRAMMAR_LIMITS
+    rules: dict[str, set[str]] = {}
+    total = 0
+    cur: str | None = None
+    # per open group: [alternatives, size of the current alternative, size of the last element]
+    stack: list[list[int]] = []
+    toks = [m.group(0) for m in _GBNF_TOKEN.finditer(grammar)]
+    i = 0
+
+    def close_rule():
+        nonlocal total
+        if cur is not None and stack:
+            total += stack[0][1] + stack[0][0]
+        if total > lim["elements"]:
+            raise GrammarBudget(
+                f"the grammar expands to more than {lim['elements']} elements (its repetitions x{{m,n}} copy x n times)"
+            )
+
+    while i < len(toks):
+        t = toks[i]
+        if t.isspace() or t.startswith("#"):
+            i += 1
+            continue
+        nxt = "".join(x for x in toks[i + 1 : i + 6] if not x.isspace())
+        if _IDENT.fullmatch(t) and nxt.startswith("::="):
+            if len(stack) > 1:
+                raise GrammarBudget(f"rule {t!r} starts inside an open parenthesis")
+            close_rule()
+            cur = t
+            rules.setdefault(t, set())
+            if len(rules) > lim["rules"]:
+                raise GrammarBudget(f"the grammar has more than {lim['rules']} rules")
+            stack = [[1, 0, 0]]
+            # skip '::='
+            j = i + 1
+            seen = ""
+            while seen != "::=" and j < len(toks):
+                if not toks[j].isspace():
+                    seen += toks[j]
+                j += 1
+            i = j
+            continue
+        if cur is None:
+            i += 1
+            continue
+        top = stack[-1]
+        if t == "(":
+            stack.append([1, 0, 0])
+            if len(stack) - 1 > lim["depth"]:
+                raise GrammarBudget(f"the grammar nests parentheses deeper than {lim['depth']} levels")
+        elif t == ")":
+            if len(stack) == 1:
+                i += 1
+                continue  # llama.cpp's parser says what is wrong
+            alts, size, _ = stack.pop()
+            inner = size + alts
+            stack[-1][1] += inner
+            stack[-1][2] = inner
+        elif t == "|":
+            top[0] += 1
+            if top[0] > lim["alternatives"]:
+                raise GrammarBudget(f"a rule or group of the grammar has more than {lim['alternatives']} alternatives")
+        elif t == "{":
+            m = _REPEAT.match("".join(toks[i : i + 12]))
+            if m:
+                lo = int(m.group(1) or 0)
+                hi = int(m.group(3)) if m.group(3) else (lo if not m.group(2) else None)
+                if hi is not None and lo > hi:
+                    raise GrammarBudget(f"x{m.group(0)} asks for at least {lo} and at most {hi} repetitions")
+                n = max(lo, hi or 0)
+                if n > lim["repeat"]:
+                    raise GrammarBudget(f"x{m.group(0)} repeats more than {lim['repeat']} times")
+                top[1] += top[2] * max(n - 1, 0)
+                # consume the repetition's tokens
+                k, acc = i, ""
+                while k < len(toks) and len(acc) < len(m.group(0)):
+                    acc += toks[k]
+                    k += 1
+                i = k
+                continue
+        elif t in "*+?":
+            pass
+        else:  # a string, class, token, or rule reference
+            top[1] += 1
+            top[2] = 1
+            if _IDENT.fullmatch(t):
+                rules[cur].add(t)
+        i += 1
+    close_rule()
+    _check_chain(rules, lim["chain"])
+
+
+def _check_chain(rules: dict[str, set[str]], limit: int) -> None:
+    """The longest chain of references from `root` through distinct rules (iterative DFS)."""
+    depth: dict[str, int] = {}
+    for start in rules:
+        if start in depth:
+            continue
+        stack = [(start, iter(sorted(rules.get(start, ()))))]
+        on = {start}
+        while stack:
+            name, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                on.discard(name)
+                depth[name] = 1 + max((depth.get(r, 0) for r in rules.get(name, ()) if r not in on), default=0)
+                if depth[name] > limit:
+                    raise GrammarBudget(f"the grammar's rule references chain more than {limit} rules deep")
+                continue
+            if nxt in rules and nxt not in on and nxt not in depth:
+                on.add(nxt)
+                stack.append((nxt, iter(sorted(rules[nxt]))))
+                if len(stack) > limit:
+                    raise GrammarBudget(f"the grammar's rule references chain more than {limit} rules deep")
 
 
 def literal(text: str) -> str:

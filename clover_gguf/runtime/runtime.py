@@ -447,6 +447,23 @@ class CloverRuntime:
         finally:
             lc.llama_sampler_free(smpl)
 
+    def grammar_complete(self, grammar: str, triggers: list[int] | None, tokens: list[int]) -> bool:
+        """Whether a reply that ended on an end-of-generation token ended where its grammar may
+        end: the tokens accepted in order, then an end token allowed. False when the grammar
+        dead-ended (it allowed no token, so libclover ended the sequence: clover.h)."""
+        lc = self._lib.lc
+        smpl = self.grammar_sampler(grammar, triggers)
+        try:
+            for t in tokens:
+                lc.llama_sampler_accept(smpl, int(t))
+            eog = sorted(self.eog)
+            data = (lc.llama_token_data * len(eog))(*[lc.llama_token_data(t, 0.0, 0.0) for t in eog])
+            arr = lc.llama_token_data_array(data, len(eog), -1, False)
+            lc.llama_sampler_apply(smpl, ctypes.byref(arr))
+            return any(data[i].logit != float("-inf") for i in range(len(eog)))
+        finally:
+            lc.llama_sampler_free(smpl)
+
     def token_id(self, text: str) -> int | None:
         """The id of the one token `text` is (special tokens included), else None."""
         ids = self.tokenize(text)

@@ -178,7 +178,8 @@ def prepare_chat(rt, req: ChatRequest, calls: CallMemory | None = None) -> ChatP
 @dataclass
 class ChatReply:
     """A finished reply. finish_reason: stop (an end token), stop_word (a stop string: which is
-    `stop_word`), length, tool_calls (it ended with calls)."""
+    `stop_word`), length, tool_calls (it ended with calls), error (its constraint dead-ended:
+    `error` says where; the text does not match it)."""
 
     reasoning: str | None
     content: str
@@ -190,9 +191,34 @@ class ChatReply:
     probs: list[float]
     top: list
     text: str  # all of it, as generated (up to the end token or stop string)
+    error: str | None = None  # finish_reason error: the constraint allowed no token (its message)
+
+
+def schema_mismatch(text: str, cp: ChatPrompt, req: ChatRequest) -> str | None:
+    """Why a finished constrained reply does not fit the request's schemas (None: it does): the
+    content against `schema`, each returned call's arguments against its tool's parameters."""
+    import jsonschema
+
+    msg = chat_message(text, cp.thinking, cp.con.parse_calls)
+    try:
+        if cp.con.kind == "json" and req.schema is not None and not msg.get("tool_calls"):
+            jsonschema.validate(json.loads(msg.get("content") or ""), req.schema)
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in cp.con.tools or []}
+        for c in msg.get("tool_calls") or []:
+            fn = c["function"]
+            jsonschema.validate(json.loads(fn["arguments"]), params.get(fn["name"], {}))
+    except ValueError as e:  # the content is not JSON
+        return f"not JSON ({e})"
+    except jsonschema.ValidationError as e:
+        return f"does not fit the schema ({e.message[:200]})"
+    except jsonschema.SchemaError:
+        return None  # a schema jsonschema cannot read: the grammar is all there is to check
+    return None
 
 
 def _finish(ev: dict, has_calls: bool) -> str:
+    if ev.get("constraint_error"):
+        return "error"
     if ev.get("stop_word") is not None:
         return "stop_word"
     if ev["finish_reason"] == "stop" and has_calls:
@@ -248,6 +274,7 @@ class ChatRun:
             self.pend.close()  # no-op when done; stops the generation if this handler was cancelled
         if ev["type"] == "error":
             raise job_error(ev, self.req.name(self.cp.con.kind_field))
+        await self._check_constraint(ev)
         msg = chat_message(ev["text"], self.cp.thinking, self.cp.con.parse_calls)
         self.srv.calls.remember(msg)
         calls = msg.get("tool_calls") or []
@@ -262,7 +289,25 @@ class ChatRun:
             ev["probs"],
             ev["top"],
             ev["text"],
+            ev.get("constraint_error"),
         )
+
+    async def _check_constraint(self, ev: dict) -> None:
+        """A constrained reply that ended on an end token must end where its grammar may end
+        (libclover ends a sequence whose grammar allows no token, a dead end, the same way: the
+        reply is replayed through the grammar), and what it holds must fit the request's JSON
+        schemas (the converter does not express every schema: `{"not": {}}`); else
+        ev["constraint_error"] says what failed."""
+        g = self.s.cfg.grammar
+        if g is None or ev["finish_reason"] != "stop" or ev.get("stop_word") is not None:
+            return
+        rt, field = self.srv.rt, self.req.name(self.cp.con.kind_field)
+        ok = await asyncio.to_thread(rt.grammar_complete, g, self.s.cfg.grammar_triggers, ev["tokens"])
+        why = None if ok else f"allowed no token after {len(ev['tokens'])} tokens"
+        if why is None:
+            why = schema_mismatch(ev["text"], self.cp, self.req)
+        if why is not None:
+            ev["constraint_error"] = f"the reply's constraint ('{field}') failed: {why}; the text does not match it"
 
     async def events(self) -> AsyncIterator[dict]:
         """The reply as it is decoded: {"type": "delta", "reasoning", "content", "calls", "block"}
@@ -278,6 +323,8 @@ class ChatRun:
                     yield {"type": "error", "message": ev["message"]}
                     return
                 last = ev["type"] == "done"
+                if last:
+                    await self._check_constraint(ev)
                 d = deltas.feed(ev["text"] if ev["type"] == "block" else "", last=last)
                 r, c, k = d.get("reasoning_content") or "", d.get("content") or "", d.get("tool_calls") or []
                 reasoning.append(r)
@@ -298,6 +345,7 @@ class ChatRun:
                         "stop_word": ev.get("stop_word"),
                         "usage": ev["usage"],
                         "message": msg,
+                        "error": ev.get("constraint_error"),
                     }
                     return
         finally:

@@ -6,6 +6,8 @@ import click
 
 from ..options import InputPath, option_type
 
+API_KEY_ENV = "CLOVER_GGUF_API_KEY"
+
 
 @click.command("serve")
 @click.argument("model", type=InputPath(dir_okay=False))
@@ -41,7 +43,11 @@ from ..options import InputPath, option_type
     "memory that copies to the GPU faster.",
 )
 @click.option("-t", "--threads", type=option_type("threads"), help="CPU threads.")
-@click.option("--api-key", envvar="CLOVER_GGUF_API_KEY", help="Require this key (Bearer) on every route but /health.")
+@click.option(
+    "--api-key",
+    envvar="CLOVER_GGUF_API_KEY",
+    help="Require this key (Bearer or x-api-key) on every route but /health [env: CLOVER_GGUF_API_KEY].",
+)
 @click.option(
     "-np",
     "--parallel",
@@ -99,8 +105,13 @@ def serve_cmd(
     Request extensions: "clover": {"block_size": 32, "steps": 8 | "threshold": 0.9, "cache_prompt": true},
     "chat_template_kwargs": {"enable_thinking": false}, "top_k". See docs/serving.md.
     """
+    import os
+
     from . import serve
 
+    if api_key is None and os.environ.get(API_KEY_ENV) is not None:
+        # click reads an empty variable as unset: that would turn authentication off unnoticed
+        raise ValueError(f"{API_KEY_ENV} is set but empty; give a key, or unset it to serve without one")
     serve(
         model,
         host=host,

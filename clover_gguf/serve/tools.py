@@ -23,11 +23,21 @@ import secrets
 from dataclasses import dataclass, field
 
 from ..errors import CloverError
-from ..runtime.grammar import JSON_OBJECT_SCHEMA, SchemaError, json_schema_to_grammar, prefix_rules, tool_call_grammar
+from ..runtime.grammar import (
+    JSON_OBJECT_SCHEMA,
+    GrammarBudget,
+    SchemaError,
+    check_gbnf,
+    json_schema_to_grammar,
+    prefix_rules,
+    tool_call_grammar,
+)
 from ..tokenizer import END_TOOL_CALL, TOOL_CALL, tool_call_sections
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_TOOLS = 128
+SERVER_RULES = "clover-"  # the prefix of the rules the server adds around a request's grammar
+_RULE_DEF = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_-]*)\s*::=", re.M)
 
 
 class FieldError(CloverError, ValueError):
@@ -66,8 +76,12 @@ def check_tool(t, p: str) -> dict:
     if "description" in fn and not isinstance(fn["description"], str):
         raise FieldError(f"'{p}.function.description' must be a string", f"{p}.function.description")
     params = fn.get("parameters")
-    if params is not None and not isinstance(params, dict):
-        raise FieldError(f"'{p}.function.parameters' must be a JSON schema object", f"{p}.function.parameters")
+    if params is not None and not (isinstance(params, dict) and params.get("type", "object") == "object"):
+        # a call's arguments are a JSON object (the template's {"name", "arguments": {...}})
+        raise FieldError(
+            f"'{p}.function.parameters' must be a JSON schema of an object (type \"object\")",
+            f"{p}.function.parameters",
+        )
     if "strict" in fn and fn["strict"] is not None and not isinstance(fn["strict"], bool):
         raise FieldError(f"'{p}.function.strict' must be true or false", f"{p}.function.strict")
     out = {"name": name}
@@ -164,6 +178,17 @@ def request_constraint(
     choice = choice if choice is not None else ("auto" if tools else "none")
     if grammar is not None and not isinstance(grammar, str):
         raise FieldError(f"'{name('grammar')}' must be a GBNF string", name("grammar"))
+    if grammar is not None:
+        own = next((r for r in _RULE_DEF.findall(grammar) if r.startswith(SERVER_RULES)), None)
+        if own:  # the server's rules live in that namespace: a request must not redefine them
+            raise FieldError(
+                f"'{name('grammar')}' defines the rule {own!r}: names starting with {SERVER_RULES!r} are the server's",
+                name("grammar"),
+            )
+        try:
+            check_gbnf(grammar)
+        except GrammarBudget as e:
+            raise FieldError(f"'{name('grammar')}': {e}", name("grammar")) from None
     if schema is not None and grammar is not None:
         raise FieldError(f"give '{name('schema')}' or '{name('grammar')}', not both", name("grammar"))
     forced = choice == "required" or isinstance(choice, dict)
@@ -199,6 +224,7 @@ def request_constraint(
     if c.tools and not forced and len(alts) == 1:
         # auto: free text, or calls constrained from their first token on (lazy grammar)
         c.grammar, c.trigger, c.kind = alts[0][1], TOOL_CALL, "text"
+        _budget(c.grammar, name("tools"))
         return c
     # the request's own grammar keeps its rule names (its errors name them), all but `root`
     rules = [f"clover-body ::= {' | '.join(p + 'root' for p, _ in alts)}"] + [
@@ -211,7 +237,15 @@ def request_constraint(
     else:
         root = "root ::= clover-body"
     c.grammar = "\n".join([root, *rules]) + "\n"
+    _budget(c.grammar, name(c.kind_field))
     return c
+
+
+def _budget(grammar: str, param: str) -> None:
+    try:
+        check_gbnf(grammar)
+    except GrammarBudget as e:
+        raise FieldError(f"'{param}': {e}", param) from None
 
 
 # ----------------------------------------------------------------------------- replies

@@ -213,6 +213,19 @@ def test_serve_option_errors(tiny_gguf, args, msg, code):
     assert len(r.output.strip().splitlines()) == 1
 
 
+def test_an_empty_key_from_the_environment_is_refused(tiny_gguf):
+    """CLOVER_GGUF_API_KEY= (set but empty) would serve with no authentication: refused like an
+    empty --api-key, before the model loads."""
+    from click.testing import CliRunner
+
+    from clover_gguf.cli import cli
+
+    for value in ("", "   "):
+        r = CliRunner().invoke(cli, ["serve", str(tiny_gguf)], env={"CLOVER_GGUF_API_KEY": value})
+        assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1 and ("CLOVER_GGUF_API_KEY" in r.output or "--api-key" in r.output)
+
+
 # ----------------------------------------------------------------------------- model names
 
 

@@ -28,7 +28,13 @@ from ..tools import FieldError, check_tools
 
 # the internal fields' names in this API, for the errors that name them
 NAMES = {"schema": "output_format", "tools": "tools", "tool_choice": "tool_choice", "max_tokens": "max_tokens"}
-STOP_REASON = {"stop": "end_turn", "stop_word": "stop_sequence", "length": "max_tokens", "tool_calls": "tool_use"}
+STOP_REASON = {
+    "stop": "end_turn",
+    "stop_word": "stop_sequence",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "error": "error",  # the constraint dead-ended; the body's `error` says so
+}
 ERROR_TYPE = {
     "invalid_request_error": "invalid_request_error",
     "server_error": "api_error",
@@ -348,6 +354,8 @@ async def messages(srv, request: Request):
         "stop_sequence": r.stop_word,
         "usage": usage(r.usage),
     }
+    if r.error:
+        out["error"] = {"type": "constraint_failed", "message": r.error}
     return srv.json(out, headers)
 
 
@@ -462,7 +470,10 @@ async def _sse(srv, run: ChatRun, mid: str):
             if open_kind is not None:
                 out.append(stop())
             delta = {"stop_reason": STOP_REASON[ev["finish_reason"]], "stop_sequence": ev["stop_word"]}
-            out.append(_event("message_delta", {"delta": delta, "usage": usage(ev["usage"])}))
+            md = {"delta": delta, "usage": usage(ev["usage"])}
+            if ev.get("error"):
+                md["error"] = {"type": "constraint_failed", "message": ev["error"]}
+            out.append(_event("message_delta", md))
             out.append(_event("message_stop", {}))
         if out:
             yield "".join(out)

@@ -167,7 +167,13 @@ async def chat_completions(srv, request: Request):
         "choices": [choice],
         "usage": r.usage,
     }
+    if r.error:  # finish_reason error: the constraint dead-ended (docs/serving.md)
+        out["error"] = constraint_error(r.error)
     return srv.json(out, headers)
+
+
+def constraint_error(message: str) -> dict:
+    return {"message": message, "type": "constraint_failed", "param": None, "code": "constraint_dead_end"}
 
 
 def _finish(reason: str) -> str:
@@ -209,7 +215,11 @@ async def _sse(srv, run: ChatRun, rid: str, created: int):
                 logprobs = {"content": lp.chat_content(srv.pieces, b["tokens"], b["probs"], b["top"], s.logprobs)}
             yield chunk(delta, logprobs=logprobs)
         else:
-            yield chunk({"content": ""}, _finish(ev["finish_reason"]))
+            last = chunk({"content": ""}, _finish(ev["finish_reason"]))
+            if ev.get("error"):  # the constraint dead-ended: said on the last chunk
+                d = json.loads(last[len("data: ") :])
+                last = f"data: {json.dumps(d | {'error': constraint_error(ev['error'])})}\n\n"
+            yield last
             if s.include_usage:
                 yield f"data: {json.dumps({**head, 'choices': [], 'usage': ev['usage']})}\n\n"
             yield "data: [DONE]\n\n"

@@ -402,8 +402,10 @@ async def create(srv, request: Request):
     if r.content or not r.calls:
         items.append(out.message(r.content, "incomplete" if r.finish_reason == "length" else "completed"))
     items += [out.call(c) for c in r.calls]
-    status = "incomplete" if r.finish_reason == "length" else "completed"
+    status = {"length": "incomplete", "error": "failed"}.get(r.finish_reason, "completed")
     resp = _response(srv, rid, created, body, req, status, items, usage(r.usage))
+    if r.error:
+        resp["error"] = {"code": "constraint_failed", "message": r.error}
     msg = {"role": "assistant", "content": r.content}
     if r.reasoning is not None:
         msg["reasoning_content"] = r.reasoning
@@ -523,8 +525,10 @@ async def _sse(srv, run: ChatRun, rid: str, created: int, body: dict, req: ChatR
             if not items:  # an empty reply is an empty message, as non-streamed
                 o.append(open_item({**out.message("", "in_progress"), "content": []}))
                 o.append(close_item("incomplete" if cut else "completed"))
-            status = "incomplete" if cut else "completed"
+            status = "incomplete" if cut else ("failed" if ev.get("error") else "completed")
             final = resp(status, usage(ev["usage"]))
+            if ev.get("error"):
+                final["error"] = {"code": "constraint_failed", "message": ev["error"]}
             o.append(event(f"response.{status}", {"response": final}))
             _remember(srv, rid, body, conv, ev["message"], final)
         if o:
