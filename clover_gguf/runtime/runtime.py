@@ -195,6 +195,63 @@ class CloverRuntime:
 
     # ---------------------------------------------------------------- tokens
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """llama_tokenize's ids. With parse_special, special-token text is split off here, in one
+        pass (leftmost, longest first), and each piece between them is tokenized as plain text,
+        as llama.cpp does; its own split is quadratic in the specials a text holds
+        ("<|im_start|>" x 80,000: 24 s) and cannot be interrupted."""
+        if not parse_special or not text:
+            return self._tokenize(text, add_special, parse_special)
+        rx, ids = self._specials()
+        if rx is None:
+            return self._tokenize(text, add_special, True)
+        out, pos = [], 0
+        for m in rx.finditer(text):
+            if m.start() > pos:
+                out += self._tokenize(text[pos : m.start()], False, False)
+            out.append(ids[m.group(0)])
+            pos = m.end()
+        if pos < len(text):
+            out += self._tokenize(text[pos:], False, False)
+        if add_special:
+            around = self._tokenize("", True, False)  # BOS and/or EOS, as this vocabulary adds them
+            bos = [t for t in around if t != self.eos_token_id]
+            eos = [t for t in around if t == self.eos_token_id and t not in bos]
+            out = bos + out + eos
+        return out
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The longest token's bytes: a text of n bytes is at least n / this many tokens."""
+        if getattr(self, "_max_token_bytes", None) is None:
+            self._max_token_bytes = max(1, max(len(self.token_bytes(t)) for t in range(self.n_vocab)))
+        return self._max_token_bytes
+
+    def _specials(self):
+        """(regex, {text: id}) of the special tokens (control and user-defined), longest first;
+        (None, None) when one of them strips spaces around it (llama.cpp's lstrip/rstrip), which
+        only llama.cpp's own split handles."""
+        if getattr(self, "_special_rx", False) is False:
+            import re
+
+            lc = self._lib.lc
+            keep = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_USER_DEFINED
+            strip = lc.LLAMA_TOKEN_ATTR_LSTRIP | lc.LLAMA_TOKEN_ATTR_RSTRIP
+            ids, stripping = {}, False
+            for t in range(self.n_vocab):
+                a = lc.llama_vocab_get_attr(self.vocab, t)
+                if a & keep:
+                    text = self.token_bytes(t).decode("utf-8", "replace")
+                    if text:
+                        ids.setdefault(text, t)
+                        stripping |= bool(a & strip)
+            if stripping or not ids:
+                self._special_rx, self._special_ids = None, None
+            else:
+                alts = sorted(ids, key=len, reverse=True)
+                self._special_rx, self._special_ids = re.compile("|".join(map(re.escape, alts))), ids
+        return self._special_rx, self._special_ids
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         lc = self._lib.lc
         data = text.encode("utf-8")
         n_max = len(data) + 8

@@ -141,7 +141,15 @@ class ChatPrompt:
         return rt.tokenize(rt.chat_prompt(m, add_generation_prompt=False, **self.template_kw))
 
 
-def prepare_chat(rt, req: ChatRequest, calls: CallMemory | None = None) -> ChatPrompt:
+def fits(rt, text: str, limit: int, param: str) -> None:
+    """ContextOverflow, without tokenizing, when `text` holds more bytes than `limit` tokens can
+    (a token is at most rt.max_token_bytes bytes): a 15 MB prompt is refused at once."""
+    n = len(text.encode("utf-8", "surrogatepass"))
+    if n > limit * rt.max_token_bytes:
+        raise ContextOverflow(-(-n // rt.max_token_bytes), limit, param)
+
+
+def prepare_chat(rt, req: ChatRequest, calls: CallMemory | None = None, limit: int | None = None) -> ChatPrompt:
     """What a chat request renders to (run in a thread: the constraint's grammar is built here
     too). Thinking is on unless the request turns it off, or constrains the reply to calls, a
     schema or a grammar: that reply is read by a program (then thinking only when asked for, and
@@ -169,10 +177,12 @@ def prepare_chat(rt, req: ChatRequest, calls: CallMemory | None = None) -> ChatP
     tkw = {"enable_thinking": thinking, **({"tools": con.tools} if con.tools else {}), **extra}
     try:
         text = rt.chat_prompt(msgs, **tkw)
-        n_hist = len(rt.tokenize(rt.chat_prompt(msgs, add_generation_prompt=False, **tkw)))
+        hist = rt.chat_prompt(msgs, add_generation_prompt=False, **tkw)
     except Exception as e:  # a template error is the request's fault
         raise BadRequest(f"the chat template failed on these messages: {e}", req.name("messages")) from None
-    return ChatPrompt(text, rt.tokenize(text), n_hist, msgs, thinking, con, tkw)
+    if limit is not None:
+        fits(rt, text, limit, req.name("messages"))
+    return ChatPrompt(text, rt.tokenize(text), len(rt.tokenize(hist)), msgs, thinking, con, tkw)
 
 
 @dataclass
@@ -243,7 +253,7 @@ class ChatRun:
 
     async def render(self) -> ChatPrompt:
         srv = self.srv
-        self.cp = await asyncio.to_thread(prepare_chat, srv.rt, self.req, srv.calls)
+        self.cp = await asyncio.to_thread(prepare_chat, srv.rt, self.req, srv.calls, srv.config.ctx_size)
         if len(self.cp.ids) > srv.config.ctx_size:
             raise ContextOverflow(len(self.cp.ids), srv.config.ctx_size, self.req.name("messages"))
         return self.cp

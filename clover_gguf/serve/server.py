@@ -53,6 +53,8 @@ class Server:
     def __init__(self, engine: Engine, config: ServerConfig, log=None):
         self.engine, self.config, self.log = engine, config, log
         self.rt = rt = engine.rt
+        rt.tokenize("<|im_start|>")  # the special-token table and the longest token, once, at startup
+        rt.max_token_bytes
         self.limits = Limits(config.ctx_size, rt.n_ubatch, rt.default_block_size, config.n_predict, rt.n_vocab)
         self.pieces = lp.Pieces(rt)
         self.http = {"queue_timeouts": 0, "server_errors": 0}  # counted here, not by the engine

@@ -105,3 +105,31 @@ def test_a_grammar_that_dead_ends_ends_with_an_error(server, client):
     # streamed, the last chunk has finish_reason error and the error: the openai client raises it
     with pytest.raises(openai.APIError, match="constraint .'grammar'. failed"):
         list(client.chat.completions.create(model="x", messages=USER, stream=True, extra_body=NO_THINK | body))
+
+
+def test_special_token_floods_tokenize_in_linear_time(rt):
+    """The runtime splits special-token text off in one pass: the same ids as llama.cpp's own
+    split, and 80,000 specials in well under a second (llama.cpp's: 24 s)."""
+    import random
+
+    rng = random.Random(0)
+    rx, ids = rt._specials()
+    pieces = ["def f(x):\n", " return", "é", "<|im", "_start|>", "  ", "\n\n", "abc<", "|>", *ids]
+    for _ in range(500):
+        t = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        for add in (False, True):
+            assert rt.tokenize(t, add, True) == rt._tokenize(t, add, True), repr(t)
+    t0 = time.monotonic()
+    assert rt.tokenize("<|im_start|>" * 80_000) == [ids["<|im_start|>"]] * 80_000
+    assert time.monotonic() - t0 < 5
+
+
+def test_huge_prompts_are_refused_before_tokenizing(server):
+    """15 MB of text is more than the context can hold whatever its tokens: refused at once."""
+    big = "<|im_start|>" * 1_250_000  # 15 MB
+    status, r = _post(server, {"messages": [{"role": "user", "content": big}]}, seconds=30)
+    assert status == 400 and r["error"]["code"] == "context_length_exceeded", r
+    status, r = raw(server.port, "POST", "/v1/completions", {"prompt": big, "max_tokens": 1})
+    assert status == 400 and r["error"]["code"] == "context_length_exceeded", r
+    status, r = raw(server.port, "POST", "/tokenize", {"content": big, "with_pieces": True})
+    assert status == 400 and r["error"]["param"] == "content", r

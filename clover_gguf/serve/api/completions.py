@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from .. import fields
 from .. import logprobs as lp
+from ..chat import ContextOverflow, fits
 from ..decoding import sampling
 from ..engine import Job
 from ..http import BadRequest, error_body, is_int, job_error, opt_bool
@@ -41,6 +42,10 @@ async def completions(srv, request: Request):
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
+        try:
+            fits(rt, prompt, srv.config.ctx_size, "prompt")
+        except ContextOverflow as e:
+            raise context_overflow(srv, e.n_prompt, "prompt") from None
         ids = await asyncio.to_thread(rt.tokenize, prompt)
     elif isinstance(prompt, list) and all(is_int(t) for t in prompt):
         bad = next((t for t in prompt if not 0 <= t < rt.n_vocab), None)

@@ -27,6 +27,9 @@ async def tokenize(srv, request: Request):
     content = body.get("content", "")
     if not isinstance(content, str):
         raise BadRequest("'content' must be a string", "content")
+    n, most = len(content.encode("utf-8", "surrogatepass")), srv.config.ctx_size * srv.rt.max_token_bytes
+    if n > most:  # more than any prompt could hold: bounded work and answer
+        raise BadRequest(f"'content' has {n} bytes, more than a prompt of the context's size can ({most})", "content")
     add = bool(opt_bool(body, "add_special"))
     parse = opt_bool(body, "parse_special") is not False
     ids = await asyncio.to_thread(srv.rt.tokenize, content, add, parse)
