@@ -46,9 +46,11 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app):
+        await asyncio.to_thread(srv.prep.wait_ready)
         engine.start()
         yield
         await asyncio.to_thread(engine.close)
+        srv.prep.close()
         if log is not None:
             st = engine.stats()
             log(
@@ -105,7 +107,7 @@ def create_app(engine: Engine, config: ServerConfig, log=None) -> FastAPI:
             "model": {"block_size": rt.default_block_size, "n_ubatch": rt.n_ubatch, "threads": rt.n_threads},
             "clover_fields": CLOVER_FIELDS,
             "ignored_fields": dict(srv.ignored),
-            "stats": engine.stats() | srv.http,
+            "stats": engine.stats() | srv.http | srv.prep.stats(),
         }
 
     @app.get("/metrics")

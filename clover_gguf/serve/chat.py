@@ -24,7 +24,7 @@ from .decoding import Decoding, Sampling, sampling
 from .engine import Job
 from .http import BadRequest, Pending, job_error
 from .text import split_reasoning
-from .tools import ChatDeltas, Constraint, chat_message, request_constraint
+from .tools import ChatDeltas, Constraint, chat_message
 
 # chat_template_kwargs the server sets itself
 TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
@@ -149,40 +149,43 @@ def fits(rt, text: str, limit: int, param: str) -> None:
         raise ContextOverflow(-(-n // rt.max_token_bytes), limit, param)
 
 
-def prepare_chat(rt, req: ChatRequest, calls: CallMemory | None = None, limit: int | None = None) -> ChatPrompt:
-    """What a chat request renders to (run in a thread: the constraint's grammar is built here
-    too). Thinking is on unless the request turns it off, or constrains the reply to calls, a
-    schema or a grammar: that reply is read by a program (then thinking only when asked for, and
-    the grammar lets a think block come first)."""
+def template_kwargs(req: ChatRequest) -> dict:
+    """The request's chat_template_kwargs other than enable_thinking, the reserved ones refused."""
     kw = req.template_kwargs
     bad = next((k for k in kw if k in TEMPLATE_RESERVED), None)
     if bad:
         p = f"chat_template_kwargs.{bad}"
         raise BadRequest(f"'{p}' is set by the server (from the request's own fields)", p)
-    thinking = req.thinking
-    extra = {k: v for k, v in kw.items() if k != "enable_thinking"}
-    con = request_constraint(
-        req.tools,
-        req.tool_choice,
-        req.parallel_tool_calls,
-        req.schema,
-        req.grammar,
-        bool(thinking),
-        rt.token_id,
-        req.names,
+    return {k: v for k, v in kw.items() if k != "enable_thinking"}
+
+
+def constraint_field(req: ChatRequest) -> str:
+    """The field a constraint that cannot be built is blamed on."""
+    return req.name("grammar" if req.grammar is not None else "schema" if req.schema is not None else "tools")
+
+
+async def prepare_chat(srv, req: ChatRequest, limit: int | None = None) -> ChatPrompt:
+    """What a chat request renders to, prepared in the server's worker processes (serve/prep.py):
+    its constraint (grammar built and checked), then the template. Thinking is on unless the
+    request turns it off, or constrains the reply to calls, a schema or a grammar: that reply is
+    read by a program (then thinking only when asked for, and the grammar lets a think block
+    come first)."""
+    extra = template_kwargs(req)
+    args = (req.tools, req.tool_choice, req.parallel_tool_calls, req.schema, req.grammar, bool(req.thinking))
+    con = await srv.prep.constraints.run(
+        "constraint", (*args, req.names), constraint_field(req), "building the constraint"
     )
+    thinking = req.thinking
     if thinking is None:
         thinking = con.grammar is None or con.trigger is not None
-    msgs = [calls.restore(m) if calls and m["role"] == "assistant" else m for m in req.messages]
+    msgs = [srv.calls.restore(m) if m["role"] == "assistant" else m for m in req.messages]
     tkw = {"enable_thinking": thinking, **({"tools": con.tools} if con.tools else {}), **extra}
-    try:
-        text = rt.chat_prompt(msgs, **tkw)
-        hist = rt.chat_prompt(msgs, add_generation_prompt=False, **tkw)
-    except Exception as e:  # a template error is the request's fault
-        raise BadRequest(f"the chat template failed on these messages: {e}", req.name("messages")) from None
-    if limit is not None:
-        fits(rt, text, limit, req.name("messages"))
-    return ChatPrompt(text, rt.tokenize(text), len(rt.tokenize(hist)), msgs, thinking, con, tkw)
+    param = req.name("messages")
+    out = await srv.prep.templates.run("render", (msgs, tkw, limit, param), param, "the chat template")
+    if out[0] == "overflow":
+        raise ContextOverflow(out[1], limit, param)
+    text, ids, n_hist = out
+    return ChatPrompt(text, ids, n_hist, msgs, thinking, con, tkw)
 
 
 @dataclass
@@ -253,7 +256,7 @@ class ChatRun:
 
     async def render(self) -> ChatPrompt:
         srv = self.srv
-        self.cp = await asyncio.to_thread(prepare_chat, srv.rt, self.req, srv.calls, srv.config.ctx_size)
+        self.cp = await prepare_chat(srv, self.req, srv.config.ctx_size)
         if len(self.cp.ids) > srv.config.ctx_size:
             raise ContextOverflow(len(self.cp.ids), srv.config.ctx_size, self.req.name("messages"))
         return self.cp

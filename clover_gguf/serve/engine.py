@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from ..constants import DEFAULT_THRESHOLD
 from ..reference.generate import BlockStats, GenerationConfig
-from ..runtime.runtime import GrammarError
 from .cache import StateCache
 from .text import TextStream
 
@@ -136,52 +135,93 @@ class Engine:
         prepared on a free sequence (restore or clear, commit the prompt up to its last full
         block), then one generate_batch decodes them all, every denoising step one graph with the
         current block of each unfinished job; a job that arrives while others decode joins at
-        the next step, on the sequence of one that ended (continuous batching). A job is
-        reported done as soon as it ends, after its history snapshot is stored."""
+        the next step, on the sequence of one that ended (continuous batching). A long prompt
+        that arrives while others decode is committed a chunk between their steps, each chunk
+        about as long as a step (llama-server's chunked prefill), so that it delays them by one
+        chunk a step, not by its whole prefill. A job is reported done as soon as it ends, after
+        its history snapshot is stored."""
         runs: dict[int, _Run] = {}  # sequence -> the job decoding there
+        prefilling: dict[int, _Prefill] = {}  # sequence -> the job whose prompt is being committed
+        last = [time.perf_counter()]  # when the last step ended: a chunk is about one step long
 
-        def start(job: Job, seq: int) -> bool:
+        def admit(job: Job, seq: int) -> _Prefill | None:
             if job.cancelled.is_set():
                 self.counters["cancelled"] += not job.timed_out
                 _send(job, {"type": "error", "message": "cancelled before it started", "status": 499})
-                return False
-            try:
-                if job.cfg.grammar is not None:  # the request's fault: refused before it decodes
-                    self.rt.check_grammar(job.cfg.grammar, job.cfg.grammar_triggers)
-            except GrammarError as e:
-                _send(job, {"type": "error", "message": str(e), "status": 400})
-                return False
+                return None
+            # a grammar was built and checked before the job was queued (serve/prep.py): the
+            # worker thread never parses a request's grammar before it decodes
             _send(job, {"type": "start"})
             try:
-                runs[seq] = _Run(self, job, seq, *self._prepare(job, seq))
+                return _Prefill(self, job, seq)
             except Exception as e:  # one failed request must not stop the server
                 self.counters["errors"] += 1
                 _send(job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
+                return None
+
+        def advance(p: _Prefill, budget: float | None) -> bool:
+            """Commit more of p's prompt; True when it is ready to decode (its run started)."""
+            try:
+                if p.job.cancelled.is_set():
+                    raise _Cancelled
+                if not p.advance(budget):
+                    return False
+                runs[p.seq] = _Run(self, p.job, p.seq, p.pos, p.seconds)
+            except _Cancelled:
+                self.counters["cancelled"] += 1
+                _send(p.job, {"type": "error", "message": "cancelled while its prompt was committed", "status": 499})
+                prefilling.pop(p.seq, None)
                 return False
-            runs[seq].t0 = time.perf_counter()
+            except Exception as e:  # one failed request must not stop the server
+                self.counters["errors"] += 1
+                _send(p.job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
+                prefilling.pop(p.seq, None)
+                return False
+            prefilling.pop(p.seq, None)
+            runs[p.seq].t0 = time.perf_counter()
             live = sum(not r.finished for r in runs.values())
             self.counters["largest_group"] = max(self.counters["largest_group"], live)
             return True
 
+        # nothing decodes yet: prompts are committed whole, the shortest first (the others wait
+        # for them, not the other way round)
+        for seq, job in enumerate(jobs):
+            if (p := admit(job, seq)) is not None:
+                prefilling[seq] = p
         first: list[_Run] = []
-        for job in jobs:
-            if start(job, len(first)):
-                first.append(runs[len(first)])
+        for p in sorted(prefilling.values(), key=lambda p: p.end - p.pos):
+            if advance(p, None):
+                first.append(runs[p.seq])
         if not first:
             return
         self.counters["groups"] += 1
 
         def refill(free: list[int]) -> list[tuple[int, list[int], GenerationConfig]]:
             out = []
-            for seq in (q for q in free if q < self.parallel):  # the last sequence is the scratch one
+            idle = all(not (r.job and not r.finished) for r in runs.values())
+            budget = None if idle else max(_MIN_CHUNK_S, time.perf_counter() - last[0])
+            for p in (
+                sorted(prefilling.values(), key=lambda p: p.job.t_submit)[:1] if not idle else list(prefilling.values())
+            ):
+                if advance(p, budget):
+                    out.append((p.seq, p.job.prompt[p.pos :], p.job.cfg))
+            taken = set(prefilling) | {s for s, _, _ in out}
+            for seq in (q for q in free if q < self.parallel and q not in taken):  # the last is the scratch one
                 while (job := self._take()) is not None:
-                    if start(job, seq):
-                        r = runs[seq]
-                        out.append((seq, job.prompt[r.start :], job.cfg))
-                        break
+                    if (p := admit(job, seq)) is None:
+                        continue
+                    prefilling[seq] = p
+                    if advance(p, budget):
+                        out.append((seq, job.prompt[p.pos :], job.cfg))
+                    break
                 else:
                     break
+            last[0] = time.perf_counter()
             return out
+
+        def after_step(i: int) -> bool:
+            last[0] = time.perf_counter()
+            return runs[i].after_step()
 
         self._graphs0 = self.counters["denoise_graphs"]
         try:
@@ -192,7 +232,7 @@ class Engine:
                 reset=False,
                 on_finish=lambda i, res: runs[i].finish(res),
                 refill=refill,
-                after_step=lambda i: runs[i].after_step(),
+                after_step=after_step,
             )
             self.counters["denoise_graphs"] = self._graphs0 + int((self.rt.last_perf or {}).get("n_steps", 0))
         except Exception as e:
@@ -202,6 +242,9 @@ class Engine:
                     self.counters["errors"] += 1
                     self.counters["processing"] -= 1
                     _send(r.job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
+        for p in list(prefilling.values()):  # left when every decoding sequence failed
+            self.counters["errors"] += 1
+            _send(p.job, {"type": "error", "message": "the group it joined failed before its prompt was committed"})
 
     def _count_graphs(self) -> None:
         """denoise_graphs now, inside a group (the runtime counts its graphs since the group began)."""
@@ -218,27 +261,6 @@ class Engine:
         return job
 
     # ------------------------------------------------------------------ one job
-    def _prepare(self, job: Job, seq: int) -> tuple[int, float]:
-        """Restore the longest cached prefix into sequence `seq` (else clear it) and commit the
-        prompt up to its last full block, snapshotting there. Returns (position generation starts
-        from, seconds)."""
-        rt, P, B = self.rt, job.prompt, job.cfg.block_size
-        t0 = job.t_start = time.perf_counter()
-        n, snap = self.cache.lookup(P, B) if job.cache and self.cache.capacity else (0, None)
-        if snap is not None:
-            rt.load_state(snap, seq)
-        else:
-            rt.reset(seq)
-            n = 0
-        job.reused = start = n
-        if job.cache and self.cache.capacity:
-            for m in sorted({k // B * B for k in [*job.snapshot_at, len(P)] if k <= len(P)}):
-                if m > start:
-                    rt.commit(P[start:m], B, seq)
-                    self.cache.store(P[:m], B, rt.save_state(seq))
-                    start = m
-        return start, time.perf_counter() - t0
-
     def _snapshot_history(self, hist: list[int], B: int) -> None:
         """Commit prompt + reply up to its last full block on the scratch sequence and keep the
         snapshot: the next turn of the conversation then prefills only what follows."""
@@ -258,6 +280,62 @@ class Engine:
             self.counters["history_tokens"] += target - n
         except Exception:  # only an optimisation: the next turn prefills these tokens itself
             self.counters["errors"] += 1
+
+
+_MIN_CHUNK_S = 0.005  # a chunk of a long prompt commits at least this long between steps
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class _Prefill:
+    """A job's prompt committed on its sequence: the longest cached prefix restored (else the
+    sequence cleared), then the prompt up to its last full block, snapshotting at the job's
+    snapshot points; `advance(budget)` commits all of it (None) or about `budget` seconds of it,
+    in whole blocks (a commit split at block boundaries equals one commit: docs/CONTRACTS.md).
+    The tail after the last full block is committed when the job starts decoding."""
+
+    def __init__(self, engine: Engine, job: Job, seq: int):
+        self.e, self.job, self.seq = engine, job, seq
+        rt, P, B = engine.rt, job.prompt, job.cfg.block_size
+        t0 = job.t_start = time.perf_counter()
+        cache = job.cache and engine.cache.capacity
+        n, snap = engine.cache.lookup(P, B) if cache else (0, None)
+        if snap is not None:
+            rt.load_state(snap, seq)
+        else:
+            rt.reset(seq)
+            n = 0
+        job.reused = self.pos = n
+        self.end = len(P) // B * B
+        marks = {k // B * B for k in [*job.snapshot_at, len(P)] if k <= len(P)} if cache else set()
+        self.marks = sorted(m for m in marks if m > n)
+        self.chunk = 8 * B  # tokens a commit takes, adapted to the budget
+        self.seconds = time.perf_counter() - t0
+
+    def advance(self, budget: float | None) -> bool:
+        rt, P, B, e = self.e.rt, self.job.prompt, self.job.cfg.block_size, self.e
+        t0 = time.perf_counter()
+        while self.pos < self.end:
+            stop = min([self.end, *(m for m in self.marks if m > self.pos)])
+            if budget is not None:
+                stop = min(stop, self.pos + self.chunk)
+            t1 = time.perf_counter()
+            rt.commit(P[self.pos : stop], B, self.seq)
+            dt = time.perf_counter() - t1
+            if budget is not None and dt > 0:  # the next chunk about as long as the budget
+                rate = (stop - self.pos) / dt
+                self.chunk = max(B, int(rate * budget) // B * B)
+            self.pos = stop
+            if stop in self.marks:
+                e.cache.store(P[:stop], B, rt.save_state(self.seq))
+            if budget is not None and time.perf_counter() - t0 >= budget:
+                break
+            if budget is not None and self.job.cancelled.is_set():
+                raise _Cancelled
+        self.seconds += time.perf_counter() - t0
+        return self.pos >= self.end
 
 
 class _Run:

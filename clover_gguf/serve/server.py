@@ -17,6 +17,7 @@ from .chat import CallMemory
 from .decoding import Limits
 from .engine import Engine
 from .http import Pending, read_json
+from .prep import Prep
 
 DEFAULT_N_PREDICT = 8192  # the server's limit on the tokens of one reply (--n-predict)
 DEFAULT_QUEUE_TIMEOUT = 300.0  # seconds a request may wait for a sequence (--queue-timeout)
@@ -54,11 +55,13 @@ class Server:
         self.engine, self.config, self.log = engine, config, log
         self.rt = rt = engine.rt
         rt.tokenize("<|im_start|>")  # the special-token table and the longest token, once, at startup
-        rt.max_token_bytes
+        assert rt.max_token_bytes > 0
         self.limits = Limits(config.ctx_size, rt.n_ubatch, rt.default_block_size, config.n_predict, rt.n_vocab)
         self.pieces = lp.Pieces(rt)
         self.http = {"queue_timeouts": 0, "server_errors": 0}  # counted here, not by the engine
         self.calls = CallMemory()
+        # template rendering and constraint building, in worker processes (serve/prep.py)
+        self.prep = Prep(config.model_path, n=max(2, config.parallel))
         self.ignored: Counter[str] = Counter()
         self._lock = threading.Lock()
 

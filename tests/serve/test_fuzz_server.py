@@ -18,7 +18,8 @@ def test_cases_are_reproducible_and_varied():
     cases = [F.make_case(i, 5) for i in range(300)]
     assert [c.body for c in cases[:20]] == [F.make_case(i, 5).body for i in range(20)]
     assert {c.path for c in cases} == {"/v1/completions", "/v1/chat/completions", "/infill", "/tokenize",
-                                       "/detokenize", "/apply-template"}  # fmt: skip
+                                       "/detokenize", "/apply-template", "/v1/messages",
+                                       "/v1/messages/count_tokens", "/v1/responses"}  # fmt: skip
     kinds = {"tools": b'"tools"', "grammar": b'"grammar"', "schema": b'"json_schema"', "nan": b"NaN"}
     for k, marker in kinds.items():
         assert any(marker in c.body for c in cases), k

@@ -134,3 +134,41 @@ def test_next_turn_finds_the_snapshot_even_when_the_queue_is_never_empty(server4
             t.join(4 * TIMEOUT)
     assert ran >= 1, "no prompt met the precondition"
     assert stats(server4)["largest_group"] >= 2
+
+
+def test_a_long_prompt_is_prefilled_between_the_steps_of_others(tiny_gguf, tmp_path, rt, expect):
+    """A 40,000-token prompt is committed a chunk between the denoising steps of the sequences
+    that decode (llama-server's chunked prefill): a short request sent while it is being
+    committed finishes first, and both get what they get alone (a chunked commit equals one)."""
+    from clover_gguf.serve.local import LocalServer
+
+    B = rt.default_block_size
+    text = "def f(x):\n    return x + 1\n\n\n"
+    long_ids = rt.tokenize(text * 4000)[:40_000]
+    assert len(long_ids) == 40_000
+    args = ("-t", "1", "--api-key", API_KEY, "--parallel", "3", "-c", "65536")
+    with LocalServer(tiny_gguf, *args, log_path=tmp_path / "server.log") as srv:
+
+        def post(body):
+            req = urllib.request.Request(
+                srv.url + "/v1/completions",
+                data=json.dumps({"model": "x", **body}).encode(),
+                headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=600) as r:
+                out = json.loads(r.read())
+            return out, time.monotonic()
+
+        # a request decoding (many one-token steps) while the long prompt arrives
+        short = {"prompt": "def add(a, b):\n", "max_tokens": 8 * B, "clover": {"steps": B}}
+        with ThreadPoolExecutor(3) as ex:
+            busy = ex.submit(post, short)
+            time.sleep(0.2)
+            big = ex.submit(post, {"prompt": long_ids, "max_tokens": B})
+            time.sleep(1.0)
+            quick = ex.submit(post, {"prompt": "import os\n", "max_tokens": B})
+            (b_out, t_big), (q_out, t_quick), (s_out, _) = big.result(), quick.result(), busy.result()
+        assert t_quick < t_big, "the short request waited for the whole prefill"
+        assert q_out["choices"][0]["text"] == expect(rt.tokenize("import os\n"), B)[1]
+        assert s_out["choices"][0]["text"] == expect(rt.tokenize("def add(a, b):\n"), 8 * B, steps=B)[1]
+        assert b_out["choices"][0]["text"] == expect(long_ids, B)[1]

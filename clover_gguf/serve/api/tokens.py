@@ -17,7 +17,7 @@ async def apply_template(srv, request: Request):
     """The prompt a chat request renders to (tools included), nothing generated."""
     body, ignored = await srv.read(request, fields.CHAT)
     req = chat_request(srv, body, ignored)
-    cp = await asyncio.to_thread(prepare_chat, srv.rt, req, srv.calls)
+    cp = await prepare_chat(srv, req)
     return srv.json({"prompt": cp.text}, srv.ignore(ignored))
 
 
