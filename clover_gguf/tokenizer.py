@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from .constants import TOKENIZER_PRE_NAME
 from .errors import CloverError
-from .inputs import InputError, read_bytes, read_text
+from .inputs import DuplicateKeyError, InputError, loads_json, read_bytes, read_text
 from .outputs import write_json, write_text
 
 QWEN2_PRETOKENIZE_REGEX = (
@@ -51,6 +52,10 @@ EOT, MASK, IM_START, IM_END, THINK, END_THINK = (
 SPECIAL_TOKENS = [EOT, MASK, IM_START, IM_END, THINK, END_THINK]  # ids 0..5
 CONTROL_TOKENS = frozenset({EOT, MASK, IM_START, IM_END})  # special=True
 MODEL_MAX_LENGTH = 8192
+# tokenizer.json and tokenizer_config.json are read whole: a larger one is refused unread. Qwen3's
+# tokenizer.json (151,669 tokens and their merges) is about 11 MB, Gemma 3's (262,144) about
+# 33 MB, the largest in wide use: 64 MiB leaves room for twice that.
+MAX_TOKENIZER_FILE = 64 << 20
 
 # gguf.TokenType values (gguf-py constants)
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
@@ -331,29 +336,144 @@ class GGUFVocab:
     extra: dict = field(default_factory=dict)
 
 
+# What rendering a chat template may cost (a template is a program from the model file): the
+# output, the time, and the iterations of `range` in one render. A hostile template rendered for
+# ever (nested range(100000) loops), took 4-5 GB ('x' * 2000000000, tojson(indent=1e9)).
+TEMPLATE_LIMITS = {"seconds": 5.0, "output_chars": 64 << 20, "range_items": 1_000_000, "indent": 16}
+
+
+class TemplateBudget(TokenizerError):
+    """A chat template past TEMPLATE_LIMITS; the message says which limit."""
+
+
+class _Render(threading.local):
+    deadline = 0.0
+    items = 0
+
+
+_RENDER = _Render()
+
+
+def _check_time():
+    if time.perf_counter() > _RENDER.deadline:
+        raise TemplateBudget(f"the chat template takes longer than {TEMPLATE_LIMITS['seconds']:g} s to render")
+
+
 @functools.lru_cache(maxsize=8)
 def _compiled_template(template: str):
+    import jinja2.utils
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    lim = TEMPLATE_LIMITS
+
+    class Env(ImmutableSandboxedEnvironment):
+        """The sandbox, with the time checked at every item and attribute lookup, and the sizes
+        of `*` and `**` checked before they are computed."""
+
+        intercepted_binops = frozenset(["*", "**"])
+
+        def getitem(self, obj, argument):
+            _check_time()
+            return super().getitem(obj, argument)
+
+        def getattr(self, obj, attribute):
+            _check_time()
+            return super().getattr(obj, attribute)
+
+        def call_binop(self, context, operator, left, right):
+            _check_time()
+            if operator == "**" and isinstance(right, int | float) and abs(right) > 64:
+                raise TemplateBudget("the chat template raises a number to a power past 64")
+            if operator == "*":
+                for a, b in ((left, right), (right, left)):
+                    if isinstance(a, str | list | tuple) and isinstance(b, int) and len(a) * b > lim["output_chars"]:
+                        raise TemplateBudget(f"the chat template builds a value past {lim['output_chars']} items")
+            return super().call_binop(context, operator, left, right)
+
+    def bounded_range(*args):
+        r = range(*args)
+        _RENDER.items += len(r)
+        if _RENDER.items > lim["range_items"]:
+            raise TemplateBudget(f"the chat template's loops take more than {lim['range_items']} range items")
+        return r
+
+    def tojson(x, indent=None):
+        if indent is not None and not (isinstance(indent, int) and 0 <= indent <= lim["indent"]):
+            raise TemplateBudget(f"tojson(indent={str(indent)[:20]}): at most {lim['indent']}")
+        return json.dumps(x, ensure_ascii=False, indent=indent)
 
     def raise_exception(msg):
         raise TokenizerError(msg)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    class Namespace(jinja2.utils.Namespace):
+        """namespace(), whose values are checked as they are set (`ns.s = ns.s ~ ns.s` doubles)."""
+
+        def __setitem__(self, name, value):
+            _check_time()
+            if isinstance(value, str | list | tuple) and len(value) > lim["output_chars"]:
+                raise TemplateBudget(f"the chat template builds a value past {lim['output_chars']} items")
+            super().__setitem__(name, value)
+
+    env = Env(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.globals["namespace"] = Namespace
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["range"] = bounded_range
     return env.from_string(template)
 
 
 def render_chat_template(template: str, **ctx) -> str:
+    """The template rendered in the sandbox within TEMPLATE_LIMITS (TemplateBudget past one)."""
     # compiled once per template: rendering training transcripts calls this tens of thousands of times
+    lim = TEMPLATE_LIMITS
+    _RENDER.deadline, _RENDER.items = time.perf_counter() + lim["seconds"], 0
     try:
-        return _compiled_template(template).render(**ctx)
+        out, n = [], 0
+        for piece in _compiled_template(template).generate(**ctx):
+            n += len(piece)
+            if n > lim["output_chars"]:
+                raise TemplateBudget(f"the chat template writes more than {lim['output_chars']} characters")
+            _check_time()
+            out.append(piece)
+        return "".join(out)
     except TokenizerError:
         raise
+    except MemoryError:
+        raise TemplateBudget("the chat template needs more memory than there is") from None
+    except RecursionError:
+        raise TemplateBudget("the chat template recurses too deep") from None
     except Exception as e:  # a broken template (syntax, undefined names, a bad filter call): its fault
         why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         raise TokenizerError(f"the chat template does not render ({why})") from None
+
+
+# A conversation with everything a Clover template renders: a system turn, tools, a call, its
+# result, reasoning; rendered once by `convert` before the template goes into a GGUF
+TEMPLATE_PROBE = {
+    "messages": [
+        {"role": "system", "content": "You are a coding assistant."},
+        {"role": "user", "content": "Count the lines of os.py."},
+        {"role": "assistant", "content": "", "reasoning_content": "A tool counts them.",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "count_lines", "arguments": '{"path": "os.py"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1121"},
+        {"role": "assistant", "content": "os.py has 1121 lines."},
+        {"role": "user", "content": "Thanks."},
+    ],
+    "tools": [{"type": "function", "function": {"name": "count_lines", "description": "Count the lines of a file.",
+               "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}],
+}  # fmt: skip
+
+
+def check_chat_template(template: str, where: str) -> None:
+    """Render the template on TEMPLATE_PROBE, thinking on and off, within TEMPLATE_LIMITS:
+    TokenizerError naming `where` if it fails or is past a limit (a model file whose template
+    renders for ever would hold every server and CLI that loads it)."""
+    for thinking in (True, False):
+        try:
+            render_chat_template(template, add_generation_prompt=True, enable_thinking=thinking, **TEMPLATE_PROBE)
+        except TokenizerError as e:
+            raise TokenizerError(f"{where}: chat_template: {e}") from None
 
 
 class CloverTokenizer:
@@ -361,6 +481,7 @@ class CloverTokenizer:
         self._tok = tokenizer
         self.config = config
         self._json = tokenizer_json if tokenizer_json is not None else tokenizer.to_str().encode()
+        self.source: Path | None = None  # the tokenizer.json it was read from (from_dir)
 
         def sid(key):
             t = config.get(key)
@@ -384,11 +505,17 @@ class CloverTokenizer:
         for f in (tj, tc):
             if not f.exists():
                 raise TokenizerError(f"missing {f}")
-        try:
-            raw, conf = read_bytes(tj), read_text(tc)
-        except InputError as e:  # a FIFO or device would block or never end
+        try:  # bounded: a FIFO or device would block or never end, a huge file fill the memory
+            raw, conf = read_bytes(tj, max_bytes=MAX_TOKENIZER_FILE), read_text(tc, max_bytes=MAX_TOKENIZER_FILE)
+        except InputError as e:
             raise TokenizerError(str(e)) from None
-        return cls(Tokenizer.from_str(raw.decode()), json.loads(conf), raw)
+        try:
+            config = loads_json(conf)
+        except DuplicateKeyError as e:
+            raise TokenizerError(f"{tc}: key '{e.key}' is given more than once") from None
+        tok = cls(Tokenizer.from_str(raw.decode()), config, raw)
+        tok.source = tj
+        return tok
 
     @property
     def vocab_size(self) -> int:
@@ -433,7 +560,10 @@ class CloverTokenizer:
         )
 
     def to_gguf_vocab(self) -> GGUFVocab:
-        tj = json.loads(self._json)
+        try:  # the tokenizers library keeps the last of a key given twice; the GGUF gets neither
+            tj = loads_json(self._json)
+        except DuplicateKeyError as e:
+            raise TokenizerError(f"{self.source or 'tokenizer.json'}: key '{e.key}' is given more than once") from None
         added = {a["id"]: a for a in tj.get("added_tokens", [])}
         tokens, types = [], []
         for i in range(self.vocab_size):
@@ -446,6 +576,9 @@ class CloverTokenizer:
             else:
                 types.append(TOKEN_NORMAL)
         merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+        if self.chat_template:
+            where = self.source.with_name("tokenizer_config.json") if self.source else "tokenizer_config.json"
+            check_chat_template(self.chat_template, str(where))
         return GGUFVocab(
             tokens=tokens,
             token_types=types,

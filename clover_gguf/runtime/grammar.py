@@ -174,17 +174,21 @@ GRAMMAR_LIMITS = {
 _REPEAT = re.compile(r"\{\s*(\d*)\s*(,?)\s*(\d*)\s*\}")
 
 
+_RULE_START = re.compile(r"([A-Za-z][A-Za-z0-9_-]*)[ \t]*::=")
+
+
 def check_gbnf(grammar: str) -> None:
-    """GrammarBudget if the GBNF text is past GRAMMAR_LIMITS or asks for x{m,n} with m > n;
-    a grammar that does not parse is left to llama.cpp's parser (which says why)."""
+    """GrammarBudget if the GBNF text is past GRAMMAR_LIMITS (or MAX_GRAMMAR_BYTES) or asks for
+    x{m,n} with m > n; a grammar that does not parse is left to llama.cpp's parser (which says
+    why). One pass over the text, stopping at the first limit."""
     lim = GRAMMAR_LIMITS
+    if len(grammar) > MAX_GRAMMAR_BYTES:
+        raise GrammarBudget(f"the grammar has {len(grammar)} characters, more than {MAX_GRAMMAR_BYTES}")
     rules: dict[str, set[str]] = {}
     total = 0
     cur: str | None = None
     # per open group: [alternatives, size of the current alternative, size of the last element]
     stack: list[list[int]] = []
-    toks = [m.group(0) for m in _GBNF_TOKEN.finditer(grammar)]
-    i = 0
 
     def close_rule():
         nonlocal total
@@ -195,13 +199,13 @@ def check_gbnf(grammar: str) -> None:
                 f"the grammar expands to more than {lim['elements']} elements (its repetitions x{{m,n}} copy x n times)"
             )
 
-    while i < len(toks):
-        t = toks[i]
+    pos, n = 0, len(grammar)
+    while pos < n:
+        m = _GBNF_TOKEN.match(grammar, pos)
+        t, pos = m.group(0), m.end()
         if t.isspace() or t.startswith("#"):
-            i += 1
             continue
-        nxt = "".join(x for x in toks[i + 1 : i + 6] if not x.isspace())
-        if _IDENT.fullmatch(t) and nxt.startswith("::="):
+        if _IDENT.fullmatch(t) and (d := _RULE_START.match(grammar, m.start())):
             if len(stack) > 1:
                 raise GrammarBudget(f"rule {t!r} starts inside an open parenthesis")
             close_rule()
@@ -210,17 +214,9 @@ def check_gbnf(grammar: str) -> None:
             if len(rules) > lim["rules"]:
                 raise GrammarBudget(f"the grammar has more than {lim['rules']} rules")
             stack = [[1, 0, 0]]
-            # skip '::='
-            j = i + 1
-            seen = ""
-            while seen != "::=" and j < len(toks):
-                if not toks[j].isspace():
-                    seen += toks[j]
-                j += 1
-            i = j
+            pos = d.end()
             continue
         if cur is None:
-            i += 1
             continue
         top = stack[-1]
         if t == "(":
@@ -229,7 +225,6 @@ def check_gbnf(grammar: str) -> None:
                 raise GrammarBudget(f"the grammar nests parentheses deeper than {lim['depth']} levels")
         elif t == ")":
             if len(stack) == 1:
-                i += 1
                 continue  # llama.cpp's parser says what is wrong
             alts, size, _ = stack.pop()
             inner = size + alts
@@ -240,31 +235,22 @@ def check_gbnf(grammar: str) -> None:
             if top[0] > lim["alternatives"]:
                 raise GrammarBudget(f"a rule or group of the grammar has more than {lim['alternatives']} alternatives")
         elif t == "{":
-            m = _REPEAT.match("".join(toks[i : i + 12]))
-            if m:
-                lo = int(m.group(1) or 0)
-                hi = int(m.group(3)) if m.group(3) else (lo if not m.group(2) else None)
+            r = _REPEAT.match(grammar, m.start())
+            if r:
+                lo = int(r.group(1) or 0)
+                hi = int(r.group(3)) if r.group(3) else (lo if not r.group(2) else None)
                 if hi is not None and lo > hi:
-                    raise GrammarBudget(f"x{m.group(0)} asks for at least {lo} and at most {hi} repetitions")
-                n = max(lo, hi or 0)
-                if n > lim["repeat"]:
-                    raise GrammarBudget(f"x{m.group(0)} repeats more than {lim['repeat']} times")
-                top[1] += top[2] * max(n - 1, 0)
-                # consume the repetition's tokens
-                k, acc = i, ""
-                while k < len(toks) and len(acc) < len(m.group(0)):
-                    acc += toks[k]
-                    k += 1
-                i = k
-                continue
-        elif t in "*+?":
-            pass
-        else:  # a string, class, token, or rule reference
+                    raise GrammarBudget(f"x{r.group(0)} asks for at least {lo} and at most {hi} repetitions")
+                k = max(lo, hi or 0)
+                if k > lim["repeat"]:
+                    raise GrammarBudget(f"x{r.group(0)} repeats more than {lim['repeat']} times")
+                top[1] += top[2] * max(k - 1, 0)
+                pos = r.end()
+        elif t not in "*+?":  # a string, class, token, or rule reference
             top[1] += 1
             top[2] = 1
             if _IDENT.fullmatch(t):
                 rules[cur].add(t)
-        i += 1
     close_rule()
     _check_chain(rules, lim["chain"])
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..constants import DEFAULT_THRESHOLD
-from ..errors import CloverError
+from ..gguf_io.reader import GGUFReadError, check_structure
 from ..inputs import InputError, regular_file
 from ..options import GGML_MAX_N_THREADS, RANGES
 from ..plan.vram import runtime_n_ubatch
@@ -33,21 +33,10 @@ from ..reference.generate import BlockStats, GenerationConfig, GenerationResult,
 from ..util import default_threads
 from . import bindings as B
 from .bindings import RuntimeNotBuilt  # noqa: F401  (re-exported)
+from .vocab import GrammarError, RuntimeError_, RuntimeLoadError, Vocab  # noqa: F401  (re-exported)
 
 
-class RuntimeError_(CloverError, RuntimeError):
-    """A clover_* call failed."""
-
-
-class RuntimeLoadError(RuntimeError_):
-    """llama.cpp refused the file; the message is one line naming the file and the reason."""
-
-
-class GrammarError(CloverError, ValueError):
-    """llama.cpp's grammar parser refused a GenerationConfig.grammar; the message says why."""
-
-
-class CloverRuntime:
+class CloverRuntime(Vocab):
     """One model + one context with n_seq_max sequences (calls without `seq` use sequence 0).
     Not thread-safe."""
 
@@ -111,20 +100,12 @@ class CloverRuntime:
             model = self._lib.lc.llama_model_load_from_file(str(self.path).encode(), mp)
         if not model:
             raise RuntimeLoadError(_load_failure(self.path, self._log.reason() or "llama.cpp could not load it"))
+        try:  # what llama.cpp accepts but must not: a last tensor whose type is smaller than its data
+            check_structure(self.path)
+        except GGUFReadError as e:
+            self._lib.lc.llama_model_free(model)
+            raise RuntimeLoadError(str(e)) from None
         return model
-
-    def _read_vocab(self) -> None:
-        """The model's sizes and special tokens."""
-        lc = self._lib.lc
-        self.vocab = lc.llama_model_get_vocab(self.model)
-        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
-        self.n_layer = lc.llama_model_n_layer(self.model)
-        self.n_ctx_train = int(lc.llama_model_n_ctx_train(self.model))
-        self.default_block_size = self._model_block_size()
-        self.mask_token_id = lc.llama_vocab_mask(self.vocab)
-        eos = lc.llama_vocab_eos(self.vocab)
-        self.eos_token_id = eos if eos >= 0 else None
-        self.eog = frozenset(t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t))
 
     def _new_context(self, n_ctx: int, n_batch: int | None, n_ubatch: int | None, op_offload: bool):
         """llama_init_from_model; on failure the model is freed and RuntimeLoadError says why."""
@@ -183,139 +164,6 @@ class CloverRuntime:
         self.close()
 
     # ---------------------------------------------------------------- metadata
-    def _model_block_size(self) -> int:
-        return self._check(self._lib.clover_model_block_size(self.model), "clover_model_block_size")
-
-    def meta(self, key: str) -> str | None:
-        return B.meta_str(self._lib, self.model, key)
-
-    @property
-    def chat_template(self) -> str | None:
-        return self.meta("tokenizer.chat_template")
-
-    # ---------------------------------------------------------------- tokens
-    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        """llama_tokenize's ids. With parse_special, special-token text is split off here, in one
-        pass (leftmost, longest first), and each piece between them is tokenized as plain text,
-        as llama.cpp does; its own split is quadratic in the specials a text holds
-        ("<|im_start|>" x 80,000: 24 s) and cannot be interrupted."""
-        if not parse_special or not text:
-            return self._tokenize(text, add_special, parse_special)
-        rx, ids = self._specials()
-        if rx is None:
-            return self._tokenize(text, add_special, True)
-        out, pos = [], 0
-        for m in rx.finditer(text):
-            if m.start() > pos:
-                out += self._tokenize(text[pos : m.start()], False, False)
-            out.append(ids[m.group(0)])
-            pos = m.end()
-        if pos < len(text):
-            out += self._tokenize(text[pos:], False, False)
-        if add_special:
-            around = self._tokenize("", True, False)  # BOS and/or EOS, as this vocabulary adds them
-            bos = [t for t in around if t != self.eos_token_id]
-            eos = [t for t in around if t == self.eos_token_id and t not in bos]
-            out = bos + out + eos
-        return out
-
-    @property
-    def max_token_bytes(self) -> int:
-        """The longest token's bytes: a text of n bytes is at least n / this many tokens."""
-        if getattr(self, "_max_token_bytes", None) is None:
-            self._max_token_bytes = max(1, max(len(self.token_bytes(t)) for t in range(self.n_vocab)))
-        return self._max_token_bytes
-
-    def _specials(self):
-        """(regex, {text: id}) of the special tokens (control and user-defined), longest first;
-        (None, None) when one of them strips spaces around it (llama.cpp's lstrip/rstrip), which
-        only llama.cpp's own split handles."""
-        if getattr(self, "_special_rx", False) is False:
-            import re
-
-            lc = self._lib.lc
-            keep = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_USER_DEFINED
-            strip = lc.LLAMA_TOKEN_ATTR_LSTRIP | lc.LLAMA_TOKEN_ATTR_RSTRIP
-            ids, stripping = {}, False
-            for t in range(self.n_vocab):
-                a = lc.llama_vocab_get_attr(self.vocab, t)
-                if a & keep:
-                    text = self.token_bytes(t).decode("utf-8", "replace")
-                    if text:
-                        ids.setdefault(text, t)
-                        stripping |= bool(a & strip)
-            if stripping or not ids:
-                self._special_rx, self._special_ids = None, None
-            else:
-                alts = sorted(ids, key=len, reverse=True)
-                self._special_rx, self._special_ids = re.compile("|".join(map(re.escape, alts))), ids
-        return self._special_rx, self._special_ids
-
-    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        lc = self._lib.lc
-        data = text.encode("utf-8")
-        n_max = len(data) + 8
-        buf = (B.llama_token * n_max)()
-        n = lc.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
-        if n < 0:
-            n_max = -n
-            buf = (B.llama_token * n_max)()
-            n = lc.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
-        if n < 0:
-            raise RuntimeError_(f"llama_tokenize failed ({n})")
-        return list(buf[:n])
-
-    def detokenize(self, ids, remove_special: bool = False, unparse_special: bool = True) -> str:
-        lc = self._lib.lc
-        ids = [int(i) for i in ids]
-        if not ids:
-            return ""
-        toks = B.token_ptr(ids)
-        size = max(64, 8 * len(ids))
-        for _ in range(2):
-            buf = ctypes.create_string_buffer(size)
-            n = lc.llama_detokenize(self.vocab, toks, len(ids), buf, size, remove_special, unparse_special)
-            if n >= 0:
-                return buf.raw[:n].decode("utf-8", errors="replace")
-            size = -n + 1
-        raise RuntimeError_("llama_detokenize failed")
-
-    def token_bytes(self, t: int) -> bytes:
-        """The bytes of one token (special tokens as their text)."""
-        buf = ctypes.create_string_buffer(256)
-        n = self._lib.lc.llama_token_to_piece(self.vocab, int(t), buf, len(buf), 0, True)
-        return buf.raw[: max(0, n)]
-
-    def chat_prompt(
-        self, messages: list[dict], enable_thinking: bool = False, add_generation_prompt: bool = True, **kwargs
-    ) -> str:
-        """Render the GGUF's chat template (tokenizer.chat_template) with jinja2, the same
-        renderer as clover_gguf.tokenizer."""
-        from ..tokenizer import TokenizerError, render_chat_template
-
-        tpl = self.chat_template
-        if not tpl:
-            raise RuntimeError_(f"{self.path} has no tokenizer.chat_template")
-        lc = self._lib.lc
-
-        def tok_text(i):
-            if i is None or i < 0:
-                return None
-            return self.detokenize([i], unparse_special=True)
-
-        try:
-            return render_chat_template(
-                tpl,
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                enable_thinking=enable_thinking,
-                bos_token=tok_text(lc.llama_vocab_bos(self.vocab)),
-                eos_token=tok_text(lc.llama_vocab_eos(self.vocab)),
-                **kwargs,
-            )
-        except TokenizerError as e:  # the GGUF's template is broken, or refuses these messages
-            raise RuntimeError_(f"{self.path}: tokenizer.chat_template: {e}") from None
-
     # ---------------------------------------------------------------- memory / blocks
     def diagnose_nonfinite(self, commits: list[tuple[list[int], int]], block: list[int]) -> str:
         """The first tensor whose output is not finite, by a debug pass (runtime/nonfinite.py) on a
@@ -342,12 +190,6 @@ class CloverRuntime:
             L = max(1, min(q["bs"], q["n_max"] - k))
             diag = self.diagnose_nonfinite([(q["prompt"], q["bs"]), (list(gen[:k]), q["bs"])], [self.mask_token_id] * L)
         return NonFiniteError(f"{self.path}: {why}{diag}")
-
-    def _check(self, rc: int, what: str) -> int:
-        if rc < 0:
-            why = self._log.reason()
-            raise RuntimeError_(f"{self.path}: {what} failed ({rc}){': ' + why if why else ''}")
-        return rc
 
     def reset(self, seq: int | None = None) -> None:
         """Clear the memory: all of it, or only sequence `seq`'s."""
@@ -445,30 +287,6 @@ class CloverRuntime:
             raise RuntimeError_("llama_state_seq_set_data failed: a snapshot of another model or context?")
 
     # ---------------------------------------------------------------- generation
-    def grammar_sampler(self, grammar: str, triggers: list[int] | None = None) -> int:
-        """llama.cpp's grammar sampler for a GBNF grammar (root rule `root`) over this model's
-        vocabulary, lazy (it applies from the first trigger token on) when `triggers` are given;
-        the caller frees it (llama_sampler_free). GrammarError if it does not parse."""
-        lc = self._lib.lc
-        g = grammar.encode("utf-8")
-        self._log.mark()
-        # llama.cpp's grammar parser prints its reason to stderr, not to the log
-        with B.stderr_captured() as err:
-            if triggers:
-                toks = (B.llama_token * len(triggers))(*triggers)
-                smpl = lc.llama_sampler_init_grammar_lazy_patterns(self.vocab, g, b"root", None, 0, toks, len(toks))
-            else:
-                smpl = lc.llama_sampler_init_grammar(self.vocab, g, b"root")
-        if not smpl:
-            text = err.getvalue()
-            why = (
-                text.split("error parsing grammar: ", 1)[1].splitlines()[0]
-                if "error parsing grammar: " in text
-                else None
-            )
-            raise GrammarError(f"the grammar does not parse: {why or self._log.reason() or 'no reason given'}")
-        return smpl
-
     def bias_sampler(self, cfg: GenerationConfig) -> int:
         """llama.cpp's logit_bias then penalties samplers (repeat penalty off, the window
         cfg.penalty_last_n()) in a chain, for clover_batch_set_bias; the caller frees it
@@ -487,44 +305,6 @@ class CloverRuntime:
             )
             lc.llama_sampler_chain_add(chain, pen)
         return chain
-
-    def check_grammar(self, grammar: str, triggers: list[int] | None = None) -> None:
-        """GrammarError unless the grammar parses and (when not lazy) allows a first token."""
-        lc = self._lib.lc
-        smpl = self.grammar_sampler(grammar, triggers)
-        try:
-            if triggers:
-                return
-            n = self.n_vocab
-            data = (lc.llama_token_data * n)(*[lc.llama_token_data(t, 0.0, 0.0) for t in range(n)])
-            arr = lc.llama_token_data_array(data, n, -1, False)
-            lc.llama_sampler_apply(smpl, ctypes.byref(arr))
-            if not any(data[i].logit != float("-inf") for i in range(n) if data[i].id != self.mask_token_id):
-                raise GrammarError("the grammar matches no text: it allows no first token")
-        finally:
-            lc.llama_sampler_free(smpl)
-
-    def grammar_complete(self, grammar: str, triggers: list[int] | None, tokens: list[int]) -> bool:
-        """Whether a reply that ended on an end-of-generation token ended where its grammar may
-        end: the tokens accepted in order, then an end token allowed. False when the grammar
-        dead-ended (it allowed no token, so libclover ended the sequence: clover.h)."""
-        lc = self._lib.lc
-        smpl = self.grammar_sampler(grammar, triggers)
-        try:
-            for t in tokens:
-                lc.llama_sampler_accept(smpl, int(t))
-            eog = sorted(self.eog)
-            data = (lc.llama_token_data * len(eog))(*[lc.llama_token_data(t, 0.0, 0.0) for t in eog])
-            arr = lc.llama_token_data_array(data, len(eog), -1, False)
-            lc.llama_sampler_apply(smpl, ctypes.byref(arr))
-            return any(data[i].logit != float("-inf") for i in range(len(eog)))
-        finally:
-            lc.llama_sampler_free(smpl)
-
-    def token_id(self, text: str) -> int | None:
-        """The id of the one token `text` is (special tokens included), else None."""
-        ids = self.tokenize(text)
-        return ids[0] if len(ids) == 1 else None
 
     def gen_params(self, cfg: GenerationConfig) -> B.clover_gen_params:
         p = self._lib.clover_gen_default_params()

@@ -49,6 +49,30 @@ class Field:
     neutral: Callable[[object], bool] | None = None
     neutral_text: str = ""
     note: str = ""
+    # NO_EFFECT: what its value must be even so (bounded: a 15 MB `user` was accepted), and how to say it
+    check: Callable[[object], bool] | None = None
+    check_text: str = ""
+
+
+def _string(n: int) -> tuple[Callable[[object], bool], str]:
+    return (lambda v: isinstance(v, str) and len(v) <= n), f"a string of at most {n} characters"
+
+
+def _tags(keys: int = 64, chars: int = 512) -> tuple[Callable[[object], bool], str]:
+    def ok(v):
+        return (
+            isinstance(v, dict)
+            and len(v) <= keys
+            and all(isinstance(k, str) and len(k) <= chars for k in v)
+            and all(isinstance(x, str | int | float | bool) or x is None for x in v.values())
+            and all(len(x) <= chars for x in v.values() if isinstance(x, str))
+        )
+
+    return ok, f"an object of at most {keys} keys with scalar values of at most {chars} characters"
+
+
+def _no_effect(note: str, bound: tuple[Callable[[object], bool], str]) -> Field:
+    return Field(NO_EFFECT, note=note, check=bound[0], check_text=bound[1])
 
 
 def _num_is(x: float) -> Callable[[object], bool]:
@@ -81,8 +105,8 @@ COMMON: dict[str, Field] = {
     "frequency_penalty": Field(IMPLEMENTED, note="llama.cpp's penalties sampler (docs/CONTRACTS.md)"),
     "presence_penalty": Field(IMPLEMENTED, note="llama.cpp's penalties sampler (docs/CONTRACTS.md)"),
     "logit_bias": Field(IMPLEMENTED, note="llama.cpp's logit-bias sampler"),
-    "user": Field(
-        NO_EFFECT, note="an end-user id for the provider's abuse monitoring; LibreChat sends it on every request"
+    "user": _no_effect(
+        "an end-user id for the provider's abuse monitoring; LibreChat sends it on every request", _string(1024)
     ),
 }
 
@@ -96,19 +120,19 @@ CHAT: dict[str, Field] = COMMON | {
     "response_format": _T,
     "grammar": Field(IMPLEMENTED, note="extension (llama-server); tool calls, constrained decoding and logprobs"),
     "chat_template_kwargs": Field(IMPLEMENTED, note="extension (vLLM, llama-server)"),
-    "store": Field(NO_EFFECT, note="this server stores no chat completion"),
-    "service_tier": Field(NO_EFFECT, note="the server has one tier"),
+    "store": _no_effect("this server stores no chat completion", ((lambda v: isinstance(v, bool)), "true or false")),
+    "service_tier": _no_effect("the server has one tier", _string(64)),
     "modalities": _neutral(lambda v: v == ["text"], '["text"]', "text only"),
-    "metadata": Field(NO_EFFECT, note=_META),
+    "metadata": _no_effect(_META, _tags()),
     "reasoning_effort": Field(IMPLEMENTED, note="thinking: none and minimal turn it off, the others on"),
-    "verbosity": Field(NO_EFFECT, note="the model has no verbosity control; agents send it by default"),
+    "verbosity": _no_effect("the model has no verbosity control; agents send it by default", _string(64)),
     "audio": Field(REFUSED, note="text only"),
     "prediction": Field(REFUSED, note="no predicted outputs"),
     "web_search_options": Field(REFUSED, note="no web search"),
     "functions": Field(REFUSED, note="deprecated by OpenAI: use tools"),
     "function_call": Field(REFUSED, note="deprecated by OpenAI: use tool_choice"),
-    "prompt_cache_key": Field(NO_EFFECT, note="the state cache is keyed by the prompt's tokens, which says more"),
-    "safety_identifier": Field(NO_EFFECT, note=_META),
+    "prompt_cache_key": _no_effect("the state cache is keyed by the prompt's tokens, which says more", _string(1024)),
+    "safety_identifier": _no_effect(_META, _string(1024)),
 }
 
 COMPLETIONS: dict[str, Field] = COMMON | {
@@ -134,8 +158,8 @@ ANTHROPIC: dict[str, Field] = {
     "tools": Field(IMPLEMENTED, note="custom tools (input_schema); server tools are left out of the prompt"),
     "tool_choice": _T,
     "thinking": Field(IMPLEMENTED, note="enabled or adaptive: Clover's thinking mode; budget_tokens is not enforced"),
-    "metadata": Field(NO_EFFECT, note=_META),
-    "service_tier": Field(NO_EFFECT, note="the server has one tier"),
+    "metadata": _no_effect(_META, _tags()),
+    "service_tier": _no_effect("the server has one tier", _string(64)),
     "output_format": Field(IMPLEMENTED, note="json_schema: the text matches the schema (constrained decoding)"),
     "output_config": Field(IMPLEMENTED, note="format as output_format; effort accepted with no effect"),
     "clover": COMMON["clover"],
@@ -152,9 +176,9 @@ ANTHROPIC_MESSAGE: dict[str, Field] = {"role": _I, "content": _I}
 ANTHROPIC_BLOCK: dict[str, Field] = {
     k: _I for k in ("type", "text", "id", "name", "input", "tool_use_id", "content", "is_error", "thinking")
 } | {
-    "signature": Field(NO_EFFECT, note="a thinking block's signature is not checked"),
-    "data": Field(NO_EFFECT, note="a redacted thinking block is left out"),
-    "cache_control": Field(NO_EFFECT, note="state reuse is automatic"),
+    "signature": _no_effect("a thinking block's signature is not checked", _string(1 << 20)),
+    "data": _no_effect("a redacted thinking block is left out", _string(1 << 20)),
+    "cache_control": _no_effect("state reuse is automatic", _tags(8, 64)),
     "citations": Field(NO_EFFECT, note="no document is cited"),
 }
 
@@ -178,12 +202,12 @@ RESPONSES: dict[str, Field] = {
     "previous_response_id": Field(IMPLEMENTED, note="from the server's memory of recent responses"),
     "store": Field(IMPLEMENTED, note="false: the response is not kept for previous_response_id"),
     "include": Field(IMPLEMENTED, note="reasoning.encrypted_content: the reasoning, encoded (not encrypted)"),
-    "metadata": Field(NO_EFFECT, note=_META),
-    "prompt_cache_key": Field(NO_EFFECT, note="the state cache is keyed by the prompt's tokens, which says more"),
-    "client_metadata": Field(NO_EFFECT, note=_META),
-    "safety_identifier": Field(NO_EFFECT, note=_META),
+    "metadata": _no_effect(_META, _tags()),
+    "prompt_cache_key": _no_effect("the state cache is keyed by the prompt's tokens, which says more", _string(1024)),
+    "client_metadata": _no_effect(_META, _tags()),
+    "safety_identifier": _no_effect(_META, _string(1024)),
     "user": COMMON["user"],
-    "service_tier": Field(NO_EFFECT, note="the server has one tier"),
+    "service_tier": _no_effect("the server has one tier", _string(64)),
     "truncation": _neutral(
         lambda v: v in ("disabled", "auto"), '"disabled" or "auto"', "a prompt that does not fit is refused"
     ),
@@ -239,7 +263,7 @@ MESSAGE: dict[str, Field] = {
     "tool_calls": _T,
     "tool_call_id": _T,
     "reasoning_content": Field(IMPLEMENTED, note="a thinking reply's reasoning, rendered as the template does"),
-    "name": Field(NO_EFFECT, note="Clover's template has no place for it; AutoGen sends it on every message"),
+    "name": _no_effect("Clover's template has no place for it; AutoGen sends it on every message", _string(256)),
     "refusal": _neutral(lambda v: v is None, "null", "the openai client sends it back with a reply"),
     "annotations": _neutral(lambda v: v == [], "[]", "the openai client sends it back with a reply"),
     "audio": _neutral(lambda v: v is None, "null", "the openai client sends it back with a reply"),
@@ -257,7 +281,11 @@ def check_fields(body: dict, table: dict[str, Field], prefix: str = "") -> list[
         if f is None:
             unknown.append(p)
             continue
-        if v is None or f.status in (IMPLEMENTED, NO_EFFECT):
+        if v is None or f.status == IMPLEMENTED:
+            continue
+        if f.status == NO_EFFECT:
+            if f.check is not None and not f.check(v):
+                raise FieldProblem(f"'{p}' must be {f.check_text}; got {_short(v)}", p, "invalid_value")
             continue
         if f.status == NEUTRAL and f.neutral(v):
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -60,9 +61,18 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> dict:
     return await asyncio.to_thread(parse_body, raw) if len(raw) > 1 << 20 else parse_body(raw)
 
 
+MAX_JSON_VALUES = 1_000_000  # arrays, objects and items of one body, counted before parsing
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
 def parse_body(raw: bytes) -> dict:
-    """A request body as a JSON object: UTF-8, strict JSON (no NaN / Infinity), nested at most
-    fields.MAX_JSON_DEPTH deep, every string valid Unicode."""
+    """A request body as a JSON object: UTF-8, strict JSON (no NaN / Infinity), at most
+    MAX_JSON_VALUES values (counted on the text: 15 MB of nested arrays took 1.2 GB as Python
+    objects), nested at most fields.MAX_JSON_DEPTH deep, every string valid Unicode."""
+    bare = _JSON_STRING.sub(b'""', raw)
+    n = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+    if n > MAX_JSON_VALUES:
+        raise BadRequest(f"request body holds more than {MAX_JSON_VALUES} JSON values", code="invalid_json", status=413)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

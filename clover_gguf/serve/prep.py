@@ -18,10 +18,13 @@ import asyncio
 import multiprocessing as mp
 import os
 import threading
+import time
 
 from .http import BadRequest
 
-PREP_TIMEOUT = 10.0  # seconds one job may take
+PREP_TIMEOUT = 4.0  # seconds one job may take (a request ends within 5 s of its own work)
+PREP_QUEUE_WAIT = 1.0  # seconds a request may wait for a free worker before a 503
+STEP_BUDGET_X, STEP_BUDGET_MIN = 20.0, 0.05  # one constrained position: x a JSON grammar's, seconds
 MEMORY_HEADROOM = 1 << 30  # bytes a worker may add to what it holds when ready
 
 
@@ -37,13 +40,30 @@ def _rlimit_as(extra: int) -> None:
 
 def _constraint(v, tools, choice, parallel, schema, grammar, thinking, names):
     """The request's Constraint, its grammar checked by llama.cpp over the vocabulary."""
-    from .tools import request_constraint
+    from .tools import FieldError, request_constraint
 
     c = request_constraint(tools, choice, parallel, schema, grammar, thinking, v.token_id, names)
     if c.grammar is not None:
         triggers = [v.token_id(c.trigger)] if c.trigger else None
         v.check_grammar(c.grammar, triggers)
+        took = v.grammar_step_seconds(c.grammar, triggers)
+        if took > v.step_budget:
+            field = (names or {}).get(c.kind_field, c.kind_field)
+            raise FieldError(
+                f"'{field}': one constrained position takes {took:.2f} s over the vocabulary (the grammar is "
+                f"too ambiguous; the server's budget is {v.step_budget:.2f} s)",
+                field,
+            )
     return c
+
+
+def step_budget(v) -> float:
+    """What one constrained position may cost: STEP_BUDGET_X times a JSON object grammar's on this
+    vocabulary (at least STEP_BUDGET_MIN): a step of every sequence in the batch waits for it."""
+    from ..runtime.grammar import JSON_OBJECT_SCHEMA, json_schema_to_grammar
+
+    base = v.grammar_step_seconds(json_schema_to_grammar(JSON_OBJECT_SCHEMA))
+    return max(STEP_BUDGET_MIN, STEP_BUDGET_X * base)
 
 
 def _render(v, msgs, tkw, limit, param):
@@ -63,11 +83,12 @@ def _render(v, msgs, tkw, limit, param):
 JOBS = {"constraint": _constraint, "render": _render}
 
 
-def _serve(path: str, conn, headroom: int) -> None:
+def _serve(path: str, conn, headroom: int, budget: float) -> None:
     """A worker: load the vocabulary, cap memory, answer jobs until the pipe closes."""
     from ..runtime.vocab import Vocab
 
     v = Vocab.open(path)
+    v.step_budget = budget
     v.tokenize("<|im_start|>")  # the special-token table, and the longest token
     assert v.max_token_bytes > 0
     if headroom:
@@ -89,9 +110,10 @@ def _serve(path: str, conn, headroom: int) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, path: str, headroom: int):
+    def __init__(self, ctx, path: str, headroom: int, budget: float):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(path, child, headroom), daemon=True, name="clover-prep")
+        args = (path, child, headroom, budget)
+        self.proc = ctx.Process(target=_serve, args=args, daemon=True, name="clover-prep")
         self.proc.start()
         child.close()
         self.ready = False
@@ -99,7 +121,7 @@ class _Worker:
     def wait_ready(self, timeout: float = 120.0) -> None:
         if not self.ready:
             if not self.conn.poll(timeout):
-                raise RuntimeError("a preparation worker did not start")
+                raise OSError("a preparation worker did not start")
             kind, _ = self.conn.recv()
             self.ready = kind == "ready"
 
@@ -117,10 +139,10 @@ class _Worker:
 class Pool:
     """n workers for one kind of job; `run` waits for a free one."""
 
-    def __init__(self, name: str, path: str, n: int, timeout: float, headroom: int):
-        self.name, self.path, self.timeout, self.headroom = name, path, timeout, headroom
-        self.ctx = mp.get_context("spawn")  # not fork: the server holds llama.cpp's threads
-        self.workers = [_Worker(self.ctx, path, headroom) for _ in range(n)]
+    def __init__(self, name: str, path: str, n: int, timeout: float, headroom: int, budget: float):
+        self.name, self.path, self.timeout, self.headroom, self.budget = name, path, timeout, headroom, budget
+        self.ctx = _context()
+        self.workers = [_Worker(self.ctx, path, headroom, budget) for _ in range(n)]
         self._free: asyncio.Queue | None = None
         self.killed = 0
         self._lock = threading.Lock()
@@ -134,33 +156,55 @@ class Pool:
             self._free = asyncio.Queue()
             for w in self.workers:
                 self._free.put_nowait(w)
-        w = await self._free.get()
+        w, deadline = None, time.monotonic() + PREP_QUEUE_WAIT
+        while w is None:  # polled: a cancelled get() could lose a worker
+            try:
+                w = self._free.get_nowait()
+            except asyncio.QueueEmpty:
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.02)
+        if w is None:
+            raise BadRequest(
+                f"the server is busy preparing other requests ({what}); try again",
+                code="server_busy",
+                status=503,
+            )
         try:
             status, out = await asyncio.wait_for(asyncio.to_thread(w.call, kind, args), self.timeout)
         except (TimeoutError, asyncio.CancelledError) as e:
-            w = self._replace(w)
+            self._replace(w)
             if isinstance(e, asyncio.CancelledError):
                 raise
             raise BadRequest(
                 f"{what} took longer than {self.timeout:g} s: refused (the server's budget)", param
             ) from None
         except (EOFError, OSError):  # the worker died (a crash in llama.cpp's parser, a signal)
-            w = self._replace(w)
+            self._replace(w)
             raise BadRequest(f"{what} failed: the worker preparing it stopped", param) from None
-        finally:
-            self._free.put_nowait(w)
+        self._free.put_nowait(w)
         if status == "err":
             _raise(*out, param, what)
         return out
 
-    def _replace(self, w: _Worker) -> _Worker:
-        """Kill a worker whose job ran too long and start another (it loads in the background)."""
+    def _replace(self, w: _Worker) -> None:
+        """Kill a worker whose job ran too long and start another, free once it has loaded (a
+        request never waits for a worker's start: it finds the others, or a 503)."""
         with self._lock:
             self.killed += 1
             i = self.workers.index(w)
             w.kill()
-            self.workers[i] = _Worker(self.ctx, self.path, self.headroom)
-            return self.workers[i]
+            self.workers[i] = new = _Worker(self.ctx, self.path, self.headroom, self.budget)
+        loop = asyncio.get_running_loop()
+
+        def ready():
+            try:
+                new.wait_ready()
+            except OSError:
+                return  # it did not start: the pool has one worker fewer (logged by the server)
+            loop.call_soon_threadsafe(self._free.put_nowait, new)
+
+        threading.Thread(target=ready, daemon=True, name="clover-prep-start").start()
 
     def close(self) -> None:
         for w in self.workers:
@@ -174,12 +218,24 @@ def _raise(cls: str, message: str, field: str | None, param: str | None, what: s
     raise BadRequest(f"{what} failed: {message}", param)
 
 
-class Prep:
-    """The two pools of a server."""
+def _context():
+    """Workers are forked from a clean process that has imported what they need (multiprocessing's
+    forkserver): a replacement starts in a fraction of a second, and no worker is a fork of the
+    server, which holds llama.cpp's threads."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["clover_gguf.runtime.vocab", "clover_gguf.serve.tools", "clover_gguf.serve.chat"])
+    return ctx
 
-    def __init__(self, path: str, n: int = 2, timeout: float = PREP_TIMEOUT, headroom: int = MEMORY_HEADROOM):
-        self.constraints = Pool("constraints", path, n, timeout, headroom)
-        self.templates = Pool("templates", path, n, timeout, headroom)
+
+class Prep:
+    """The two pools of a server; `budget`: what one constrained position may cost (step_budget of
+    the server's vocabulary)."""
+
+    def __init__(
+        self, path: str, budget: float, n: int = 2, timeout: float = PREP_TIMEOUT, headroom: int = MEMORY_HEADROOM
+    ):
+        self.constraints = Pool("constraints", path, n, timeout, headroom, budget)
+        self.templates = Pool("templates", path, n, timeout, headroom, budget)
 
     def wait_ready(self) -> None:
         self.constraints.wait_ready()

@@ -17,7 +17,7 @@ from .chat import CallMemory
 from .decoding import Limits
 from .engine import Engine
 from .http import Pending, read_json
-from .prep import Prep
+from .prep import Prep, step_budget
 
 DEFAULT_N_PREDICT = 8192  # the server's limit on the tokens of one reply (--n-predict)
 DEFAULT_QUEUE_TIMEOUT = 300.0  # seconds a request may wait for a sequence (--queue-timeout)
@@ -61,7 +61,7 @@ class Server:
         self.http = {"queue_timeouts": 0, "server_errors": 0}  # counted here, not by the engine
         self.calls = CallMemory()
         # template rendering and constraint building, in worker processes (serve/prep.py)
-        self.prep = Prep(config.model_path, n=max(2, config.parallel))
+        self.prep = Prep(config.model_path, step_budget(rt), n=max(2, config.parallel))
         self.ignored: Counter[str] = Counter()
         self._lock = threading.Lock()
 

@@ -223,7 +223,9 @@ def test_an_empty_key_from_the_environment_is_refused(tiny_gguf):
     for value in ("", "   "):
         r = CliRunner().invoke(cli, ["serve", str(tiny_gguf)], env={"CLOVER_GGUF_API_KEY": value})
         assert r.exit_code == 1 and "Traceback" not in r.output, r.output
-        assert len(r.output.strip().splitlines()) == 1 and ("CLOVER_GGUF_API_KEY" in r.output or "--api-key" in r.output)
+        assert len(r.output.strip().splitlines()) == 1 and (
+            "CLOVER_GGUF_API_KEY" in r.output or "--api-key" in r.output
+        )
 
 
 # ----------------------------------------------------------------------------- model names
@@ -276,9 +278,12 @@ def _cases(table, route):
 )
 def test_every_field_not_implemented_is_refused_or_neutral(server, route, name, status):
     base = CHAT_BODY if route == CH else COMPLETION_BODY
-    if status == fields.NO_EFFECT:
-        code, _ = raw(server.port, "POST", route, base | {name: "someone"})
+    if status == fields.NO_EFFECT:  # typed and bounded even so (issue 47)
+        value = {"store": True, "metadata": {"session": "s1"}}.get(name, "someone")
+        code, _ = raw(server.port, "POST", route, base | {name: value})
         assert code == 200
+        code, err = raw(server.port, "POST", route, base | {name: [[1]]})
+        assert code == 400 and err["error"]["param"] == name and err["error"]["code"] == "invalid_value", err
         return
     if status == fields.NEUTRAL:
         code, err = raw(server.port, "POST", route, base | {name: NEUTRAL[name]})

@@ -35,7 +35,7 @@ HOSTILE = [
     ("deep nesting", {"grammar": "root ::= " + "(" * 100_000 + '"a"' + ")" * 100_000}, "grammar", "nests"),
     ("a chain of 100,000 rules",
      {"grammar": "\n".join(f"r{i} ::= r{i + 1}" for i in range(100_000)) + '\nr100000 ::= "a"\nroot ::= r0'},
-     "grammar", "rules"),
+     "grammar", ("rules", "characters")),
     ("min > max repetitions", {"grammar": 'root ::= "a"{10,2}'}, "grammar", "at least 10 and at most 2"),
     ("a repetition past the cap", {"grammar": 'root ::= "a"{0,2000000000}'}, "grammar", "repeats more than"),
     ("20,000 alternatives", {"grammar": "root ::= (" + "|".join(f'"w{i}"' for i in range(20_000)) + ")*"},
@@ -45,6 +45,7 @@ HOSTILE = [
     ("minLength > maxLength", _schema({"type": "string", "minLength": 10, "maxLength": 3}), "response_format",
      "'minLength' 10 is more than 'maxLength' 3"),
     ("the server's own rule", {"grammar": 'root ::= clover-body\nclover-body ::= "x"'}, "grammar", "clover-"),
+    ("an ambiguous grammar", {"grammar": "root ::= " + ' "a"?' * 200 + ' "b"'}, "grammar", ("ambiguous", "longer than")),
     ("string tool parameters",
      {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
      "tools[0].function.parameters", "object"),
@@ -55,7 +56,8 @@ HOSTILE = [
 def test_budgets_and_impossible_constraints_are_400s(server, case):
     _, body, param, words = case
     status, r = _post(server, body)
-    assert status == 400 and r["error"]["param"] == param and words in r["error"]["message"], r
+    words = (words,) if isinstance(words, str) else words
+    assert status == 400 and r["error"]["param"] == param and any(w in r["error"]["message"] for w in words), r
 
 
 def test_a_schema_past_llama_cpps_repetition_limit_still_works(server):
@@ -133,3 +135,66 @@ def test_huge_prompts_are_refused_before_tokenizing(server):
     assert status == 400 and r["error"]["code"] == "context_length_exceeded", r
     status, r = raw(server.port, "POST", "/tokenize", {"content": big, "with_pieces": True})
     assert status == 400 and r["error"]["param"] == "content", r
+
+
+@pytest.fixture(scope="module")
+def hostile_gguf(tiny_gguf, tmp_path_factory):
+    """clover-tiny with a chat template that never ends: cubic in the messages (no lookup inside,
+    so only the process budget stops it), then nested range loops (the range budget stops those)."""
+    from clover_gguf.gguf_io import codec
+
+    g = codec.parse(tiny_gguf.read_bytes())
+    kv = next(kv for kv in g.kvs if kv.key == b"tokenizer.chat_template")
+    kv.value = (
+        b"{% for a in messages %}{% for b in messages %}{% for c in messages %}{{ '' }}{% endfor %}{% endfor %}"
+        b"{% endfor %}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x"
+    )
+    p = tmp_path_factory.mktemp("hostile") / "hostile-template.gguf"
+    p.write_bytes(codec.serialize(g)[0])
+    return p
+
+
+def test_a_hostile_template_holds_only_its_own_requests(hostile_gguf, tmp_path):
+    """Chat on a GGUF whose template never ends: each request is a 400 within the server's budget
+    (its worker killed and replaced) or, while every template worker is held, a 503 after
+    PREP_QUEUE_WAIT; plain completions and /health go on meanwhile, and
+    `run --chat` is one line."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from click.testing import CliRunner
+
+    from clover_gguf.cli import cli
+    from clover_gguf.serve.local import LocalServer
+
+    with LocalServer(hostile_gguf, "-t", "1", "--parallel", "2", log_path=tmp_path / "server.log") as srv:
+        body = {"messages": USER * 300, "max_tokens": 4}
+        with ThreadPoolExecutor(6) as ex:
+            slow = [ex.submit(raw, srv.port, "POST", p, body, None) for p in ("/apply-template", CH) * 3]
+            plain = raw(srv.port, "POST", "/v1/completions", {"prompt": "def f():\n", "max_tokens": 8}, None)
+            assert plain[0] == 200, plain
+            answers = [f.result(timeout=120) for f in slow]
+            for status, r in answers:  # past the budget, or turned away while both workers are held
+                if status == 400:
+                    assert r["error"]["param"] == "messages" and "chat template" in r["error"]["message"], r
+                else:
+                    assert status == 503 and r["error"]["code"] == "server_busy", r
+            assert sum(s == 400 for s, _ in answers) >= 2, answers
+        assert raw(srv.port, "GET", "/health", key=None)[0] == 200
+        stats = raw(srv.port, "GET", "/props", key=None)[1]["stats"]
+        assert stats["prep_workers_replaced"] >= 1 and stats["server_errors"] == 0
+    res = CliRunner().invoke(cli, ["run", str(hostile_gguf), "--chat", "-p", "hi", "-n", "4", "-t", "1"])
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1 and "chat template" in res.stderr, res.stderr
+
+
+def test_fields_with_no_effect_are_still_typed_and_bounded(server):
+    """`user` is a bounded string (a 15 MB one of nested arrays was accepted: +1.2 GB), metadata a
+    small object of scalars; a body of more JSON values than the server counts is refused unparsed."""
+    for field, value in (("user", "u" * 5000), ("user", [[1]]), ("metadata", {f"k{i}": "v" for i in range(1000)}),
+                         ("prompt_cache_key", {"a": 1}), ("store", "yes")):  # fmt: skip
+        status, r = _post(server, {field: value})
+        assert status == 400 and r["error"]["param"] == field and r["error"]["code"] == "invalid_value", (field, r)
+    nested = b'{"model": "x", "messages": [{"role": "user", "content": "hi"}], "user": [' + b"[]," * 1_500_000 + b"[]]}"
+    status, r = raw(server.port, "POST", CH, nested)
+    assert status == 413 and "JSON values" in r["error"]["message"], r
+    status, r = _post(server, {"user": "alice", "metadata": {"session": "s1"}, "store": True})
+    assert status == 200, r
