@@ -16,7 +16,7 @@ from safetensors import safe_open
 from .config import CloverConfig, ConfigError
 from .constants import HF_EXPERT_FUSED_DOWN, HF_EXPERT_FUSED_GATE_UP, HF_EXPERT_PER
 from .errors import CloverError
-from .inputs import InputError, open_input, read_bytes
+from .inputs import DuplicateKeyError, InputError, no_duplicate_keys, open_input, read_bytes
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -42,15 +42,6 @@ ELEMENT_SIZE = {
     "U64": 8, "I64": 8, "F64": 8,
 }  # fmt: skip
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
-
-
-def _no_duplicates(pairs):
-    d = {}
-    for k, v in pairs:
-        if k in d:
-            raise ValueError(f"duplicate key {k!r}")
-        d[k] = v
-    return d
 
 
 def _is_count(v) -> bool:
@@ -109,7 +100,7 @@ def _read_header(path: Path) -> dict:
                 raise CheckpointError(f"{path}: truncated safetensors file (header says {n} bytes)")
             if n > MAX_HEADER:
                 raise CheckpointError(f"{path}: header of {n} bytes, more than the {MAX_HEADER} safetensors allows")
-            header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_duplicates)
+            header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=no_duplicate_keys)
     except (OSError, ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
         if isinstance(e, CheckpointError):
             raise
@@ -161,9 +152,11 @@ class Checkpoint:
     def _read_index(self, index: Path) -> dict[str, Path]:
         """tensor -> shard path from model.safetensors.index.json; shards are plain file names."""
         try:
-            wm = json.loads(read_bytes(index).decode("utf-8"), object_pairs_hook=_no_duplicates)["weight_map"]
+            wm = json.loads(read_bytes(index).decode("utf-8"), object_pairs_hook=no_duplicate_keys)["weight_map"]
         except InputError as e:
             raise CheckpointError(str(e)) from None
+        except DuplicateKeyError as e:
+            raise CheckpointError(f"{index}: bad index file ({e})") from None
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise CheckpointError(f"{index}: bad index file ({e!r})") from None
         if not isinstance(wm, dict):

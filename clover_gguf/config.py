@@ -21,6 +21,7 @@ from .constants import (
     dims,
 )
 from .errors import CloverError
+from .inputs import DuplicateKeyError, loads_json
 from .limits import TOKEN_ID_KEYS, LimitError, check_config_values, check_token_id, fmt_value
 from .outputs import write_json
 
@@ -101,7 +102,9 @@ class CloverConfig:
             raise ConfigError(f"{p}: not a regular file")
         try:
             text = p.read_bytes().decode("utf-8")
-            d = json.loads(text)
+            d = loads_json(text)
+        except DuplicateKeyError as e:  # json.loads would keep the last value silently
+            raise ConfigError(f"{p}: key '{e.key}' is given more than once") from None
         except OSError as e:
             raise ConfigError(f"{p}: cannot read ({e.strerror or e})") from None
         except UnicodeDecodeError as e:

@@ -9,6 +9,7 @@ check and open cannot slip a FIFO through.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -72,10 +73,48 @@ def open_input(path: str | Path, what: str = ""):
     return open(fd, "rb")  # noqa: SIM115 (the caller closes it)
 
 
-def read_bytes(path: str | Path, what: str = "") -> bytes:
+def _size(n: int) -> str:
+    return f"{n:,} bytes" + (f" ({n / 2**20:.1f} MiB)" if n >= 2**20 else "")
+
+
+def read_bytes(path: str | Path, what: str = "", max_bytes: int | None = None) -> bytes:
+    """The file's bytes; with ``max_bytes``, a larger file is refused (InputError naming it and
+    both sizes) before anything is read, and so is one that grows past it while being read."""
     with open_input(path, what) as f:
-        return f.read()
+        if max_bytes is None:
+            return f.read()
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(max_bytes + 1) if size <= max_bytes else b""
+        if size > max_bytes or len(data) > max_bytes:
+            raise InputError(
+                f"{path}: {what}{_size(max(size, len(data)))}, more than the {_size(max_bytes)} such a file may "
+                "have; not read"
+            )
+        return data
 
 
-def read_text(path: str | Path, what: str = "", errors: str = "strict") -> str:
-    return read_bytes(path, what).decode("utf-8", errors)
+def read_text(path: str | Path, what: str = "", errors: str = "strict", max_bytes: int | None = None) -> str:
+    return read_bytes(path, what, max_bytes).decode("utf-8", errors)
+
+
+class DuplicateKeyError(CloverError, ValueError):
+    """A JSON object that names a key twice (``json.loads`` keeps the last value silently)."""
+
+    def __init__(self, key: str):
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def no_duplicate_keys(pairs) -> dict:
+    """``object_pairs_hook`` for json.loads: a key given twice in one object is refused."""
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise DuplicateKeyError(k)
+        d[k] = v
+    return d
+
+
+def loads_json(text: str | bytes):
+    """json.loads refusing duplicate keys (DuplicateKeyError) at any depth."""
+    return json.loads(text, object_pairs_hook=no_duplicate_keys)

@@ -69,6 +69,7 @@ RUNTIME_PATHS = (
 )
 RUNTIME_TESTS = (
     "tests/eval/test_eval_quality.py::test_runtime_provider_matches_reference_on_f32_weights",
+    "tests/eval/test_eval_memory.py::test_run_on_clover_tiny_v3",
     "tests/plan/test_placement.py::test_run_cpu_build_says_nothing_to_fit",
     "tests/plan/test_placement.py::test_llama_clover_cli_fit",
     "tests/plan/test_plan.py::test_run_override_tensor",

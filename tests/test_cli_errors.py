@@ -93,6 +93,12 @@ def test_run_non_utf8_prompt_on_the_tokenizer_model():
     _one_line(r, "-p: the prompt is not valid UTF-8 (byte 3)")
 
 
+def test_run_refuses_a_prompt_that_gives_no_tokens():
+    """llama-clover-cli's rule and words, on a model folder as on a GGUF (issue 47; the GGUF case,
+    token strings that match nothing, is in tests/runtime/test_load_errors.py)."""
+    _one_line(_run("run", str(TINY), "-p", "", "-n", "4"), "-p: the prompt gives no tokens")
+
+
 def test_run_missing_gguf_and_folder(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")  # truncated
     _one_line(_run("run", str(tmp_path / "x.gguf"), "--prompt-ids", "1"), str(tmp_path / "x.gguf"))

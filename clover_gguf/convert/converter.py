@@ -33,6 +33,10 @@ from .writer import temporary_output, write_gguf
 
 __all__ = ["ConvertError", "ConvertResult", "TensorError", "convert"]
 
+# room asked for beside the tensor data: the header, key/values and tensor infos (about 6 MiB
+# with a Qwen-size vocabulary of 152k tokens and their merges)
+HEADER_MARGIN = 16 << 20
+
 
 @dataclass
 class ConvertResult:
@@ -158,5 +162,8 @@ def _check_output(out: Path, inputs: set[Path], force: bool, need: int) -> None:
     except OutputError as e:
         raise ConvertError(str(e)) from None
     free = shutil.disk_usage(out.parent).free
-    if free < need + (16 << 20):
-        raise ConvertError(f"{out.parent}: not enough disk space ({fmt_bytes(free)} free, {fmt_bytes(need)} needed)")
+    if free < need + HEADER_MARGIN:
+        raise ConvertError(
+            f"{out.parent}: not enough disk space: {fmt_bytes(need + HEADER_MARGIN)} needed ({fmt_bytes(need)} of "
+            f"tensor data and {fmt_bytes(HEADER_MARGIN)} for the header and metadata), {fmt_bytes(free)} free"
+        )

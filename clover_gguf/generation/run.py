@@ -61,6 +61,13 @@ def check_request(
             )
 
 
+def check_prompt_tokens(ids: list[int]) -> None:
+    """A text prompt gives at least one token (llama-clover-cli's rule and words, patches/0010):
+    a GGUF whose token strings match nothing (not UTF-8, say) must not generate from nothing."""
+    if not ids:
+        raise ValueError("-p: the prompt gives no tokens")
+
+
 def _messages(prompt: str, system: str | None) -> list[dict]:
     msgs = [{"role": "system", "content": system}] if system else []
     return msgs + [{"role": "user", "content": prompt}]
@@ -115,6 +122,7 @@ def run(
     else:
         text = gen.chat_prompt(_messages(prompt, system), enable_thinking=think) if chat else prompt
         ids = gen.tokenize(text, add_special=True)  # BOS/EOS as the model's tokenizer says
+        check_prompt_tokens(ids)
     check_request(None, ids, gen.n_vocab, gen.n_ctx, max_new_tokens, B)
     sampling = dict(steps=steps, threshold=threshold, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
     cfg = gen.config(max_new_tokens=max_new_tokens, block_size=B, **sampling)

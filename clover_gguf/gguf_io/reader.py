@@ -49,12 +49,107 @@ def shown_name(b: bytes, n: int = 60) -> str:
     return repr(b[:n].decode("utf-8", "replace"))[1:-1] + ("..." if len(b) > n else "")
 
 
+class _Walk:
+    """A cursor over a mapped GGUF whose every read is checked against the file's size."""
+
+    def __init__(self, path, mm, size: int):
+        import struct
+
+        self.path, self.mm, self.size, self.pos = path, mm, size, 0
+        self.struct, self.u64 = struct, struct.Struct("<Q").unpack_from
+
+    def fail(self, why: str) -> GGUFReadError:
+        return GGUFReadError(f"{self.path}: not a valid GGUF file ({why})")
+
+    def take(self, fmt: str, what: str):
+        n = self.struct.calcsize(fmt)
+        if self.pos + n > self.size:
+            raise self.fail(f"{what} runs past the end of the file")
+        v = self.struct.unpack_from(fmt, self.mm, self.pos)[0]
+        self.pos += n
+        return v
+
+    def string(self, what: str) -> bytes:
+        n = self.take("<Q", what)
+        if n > self.size - self.pos:
+            raise self.fail(f"{what}: a string of {n} bytes runs past the end")
+        self.pos += n
+        return bytes(self.mm[self.pos - n : self.pos])
+
+    def skip_strings(self, key: str, count: int) -> None:
+        """string() count times, inlined: a 152k-token vocabulary and its merges."""
+        p, size, mm, u64 = self.pos, self.size, self.mm, self.u64
+        for j in range(count):
+            if p + 8 > size:
+                raise self.fail(f"{key}[{j}] runs past the end of the file")
+            n = u64(mm, p)[0]
+            p += 8
+            if n > size - p:
+                raise self.fail(f"{key}[{j}]: a string of {n} bytes runs past the end")
+            p += n
+        self.pos = p
+
+    def key_values(self, n_kv: int) -> int | None:
+        """Walk the key/values; the data alignment (None: general.alignment is no power of 2 in
+        a u32, which ggml refuses in its own words)."""
+        keys: set[bytes] = set()
+        alignment = 32  # GGUF_DEFAULT_ALIGNMENT
+        for i in range(n_kv):
+            raw_key = self.string(f"key #{i}")
+            key = shown_name(raw_key)
+            if raw_key in keys:  # gguf-py would keep both under other names
+                raise GGUFReadError(f"{self.path}: duplicate key '{key}' for KV pair {i}")
+            keys.add(raw_key)
+            t = self.take("<I", f"the type of {key}")
+            if raw_key == b"general.alignment":
+                alignment = None
+            if t == _ARRAY:
+                sub, count = self.take("<I", f"the array type of {key}"), self.take("<Q", f"the length of {key}")
+                if sub == _STRING:
+                    if count > (self.size - self.pos) // 8:
+                        raise self.fail(f"{key}: {count} strings do not fit")
+                    self.skip_strings(key, count)
+                elif sub in _SCALAR_BYTES:
+                    if count * _SCALAR_BYTES[sub] > self.size - self.pos:
+                        raise self.fail(f"{key}: {count} values do not fit")
+                    self.pos += count * _SCALAR_BYTES[sub]
+                else:
+                    raise self.fail(f"{key}: array of type {sub}")
+            elif t == _STRING:
+                self.string(key)
+            elif t in _SCALAR_BYTES:
+                v = self.take({1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[_SCALAR_BYTES[t]], key)
+                if raw_key == b"general.alignment" and t == 4 and v and not v & (v - 1):
+                    alignment = v
+            else:
+                raise self.fail(f"key {key} has type {t}")
+        return alignment
+
+    def tensor_infos(self, n_tensors: int) -> list[tuple[str, list[int], int, int]]:
+        """(name, dims, type, offset) of each tensor info, in file order."""
+        infos, names = [], set()
+        for i in range(n_tensors):
+            raw_name = self.string(f"tensor info #{i}")
+            name = shown_name(raw_name)
+            if raw_name in names:
+                raise GGUFReadError(f"{self.path}: duplicate tensor name '{name}' for tensor {i}")
+            names.add(raw_name)
+            nd = self.take("<I", f"the dimensions of {name}")
+            if nd > 4:
+                raise self.fail(f"tensor {name} has {nd} dimensions")
+            dims = [self.take("<Q", f"the shape of {name}") for _ in range(nd)]
+            ttype = self.take("<I", f"the type of {name}")
+            infos.append((name, dims, ttype, self.take("<Q", f"the offset of {name}")))
+        return infos
+
+
 def check_structure(path) -> None:
     """Walk the header, key/values and tensor infos checking that every length and count fits
     in the file, before gguf-py parses it (gguf-py loops for ever on an array whose count runs
-    past the end of the file)."""
+    past the end of the file); then that the tensors' data tile the data section as their types
+    and shapes say (check_data_layout). Where ggml's GGUF parser or llama.cpp's loader refuses
+    the same thing, the words are theirs."""
     import mmap
-    import struct
 
     from ..inputs import InputError, open_input
 
@@ -67,66 +162,66 @@ def check_structure(path) -> None:
         if size < 24:
             raise GGUFReadError(f"{path}: not a valid GGUF file ({size} bytes)")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            pos = 0
-
-            def take(fmt: str, what: str):
-                nonlocal pos
-                n = struct.calcsize(fmt)
-                if pos + n > size:
-                    raise GGUFReadError(f"{path}: not a valid GGUF file ({what} runs past the end of the file)")
-                v = struct.unpack_from(fmt, mm, pos)[0]
-                pos += n
-                return v
-
-            def string(what: str) -> bytes:
-                nonlocal pos
-                n = take("<Q", what)
-                if n > size - pos:
-                    raise GGUFReadError(
-                        f"{path}: not a valid GGUF file ({what}: a string of {n} bytes runs past the end)"
-                    )
-                pos += n
-                return bytes(mm[pos - n : pos])
-
-            if take("<I", "the magic") != 0x46554747:
-                raise GGUFReadError(f"{path}: not a valid GGUF file (no GGUF magic)")
-            version = take("<I", "the version")
+            w = _Walk(path, mm, size)
+            if w.take("<I", "the magic") != 0x46554747:
+                raise w.fail("no GGUF magic")
+            version = w.take("<I", "the version")
             if version not in (2, 3):
-                raise GGUFReadError(f"{path}: not a valid GGUF file (version {version})")
-            n_tensors, n_kv = take("<Q", "the tensor count"), take("<Q", "the key count")
+                raise w.fail(f"version {version}")
+            n_tensors, n_kv = w.take("<Q", "the tensor count"), w.take("<Q", "the key count")
             if n_kv > size // 13 or n_tensors > size // 25:  # smallest possible entries
-                raise GGUFReadError(f"{path}: not a valid GGUF file ({n_kv} keys, {n_tensors} tensors in {size} bytes)")
-            for i in range(n_kv):
-                key = shown_name(string(f"key #{i}"))
-                t = take("<I", f"the type of {key}")
-                if t == _ARRAY:
-                    sub, count = take("<I", f"the array type of {key}"), take("<Q", f"the length of {key}")
-                    if sub == _STRING:
-                        if count > (size - pos) // 8:
-                            raise GGUFReadError(f"{path}: not a valid GGUF file ({key}: {count} strings do not fit)")
-                        for j in range(count):
-                            string(f"{key}[{j}]")
-                    elif sub in _SCALAR_BYTES:
-                        if count * _SCALAR_BYTES[sub] > size - pos:
-                            raise GGUFReadError(f"{path}: not a valid GGUF file ({key}: {count} values do not fit)")
-                        pos += count * _SCALAR_BYTES[sub]
-                    else:
-                        raise GGUFReadError(f"{path}: not a valid GGUF file ({key}: array of type {sub})")
-                elif t == _STRING:
-                    string(key)
-                elif t in _SCALAR_BYTES:
-                    take({1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[_SCALAR_BYTES[t]], key)
-                else:
-                    raise GGUFReadError(f"{path}: not a valid GGUF file (key {key} has type {t})")
-            for i in range(n_tensors):
-                name = shown_name(string(f"tensor info #{i}"))
-                nd = take("<I", f"the dimensions of {name}")
-                if nd > 4:
-                    raise GGUFReadError(f"{path}: not a valid GGUF file (tensor {name} has {nd} dimensions)")
-                for _ in range(nd):
-                    take("<Q", f"the shape of {name}")
-                take("<I", f"the type of {name}")
-                take("<Q", f"the offset of {name}")
+                raise w.fail(f"{n_kv} keys, {n_tensors} tensors in {size} bytes")
+            alignment = w.key_values(n_kv)
+            infos = w.tensor_infos(n_tensors)
+    if infos and alignment:
+        check_data_layout(path, infos, w.pos + (-w.pos % alignment), alignment, size)
+
+
+def _tensor_nbytes(dims: list[int], ttype: int) -> int | None:
+    """ggml_nbytes of a tensor of a type gguf-py knows whose rows hold whole blocks; None for
+    anything else (an unknown type, a zero or huge dimension: other checks refuse those)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, bsize = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+    except (ValueError, KeyError):
+        return None
+    n = 1
+    for d in dims:
+        n *= d
+    if n == 0 or n >= 2**63 or (dims[0] if dims else 1) % block:
+        return None
+    return n // block * bsize
+
+
+def check_data_layout(path, infos, data_start: int, alignment: int, size: int) -> None:
+    """The tensors' data tile the data section as their types and shapes say: each begins where
+    the one before ends, padded to the alignment (ggml's GGUF parser's rule), the last ends
+    within the file (llama.cpp's loader's rule) and no more than its padding follows it. The
+    last rule is the one ggml and llama.cpp do not make: a last tensor retyped to a smaller type
+    loaded and generated garbage (issue 47). ``infos``: (name, dims, type, offset) in file order."""
+    sizes = [_tensor_nbytes(dims, t) for _, dims, t, _ in infos]
+    if None in sizes:
+        return
+    expect = 0
+    for (name, _, _, offset), nbytes in zip(infos, sizes):
+        if offset != expect:
+            raise GGUFReadError(f"{path}: tensor '{name}' has offset {offset}, expected {expect}")
+        expect += nbytes + (-nbytes % alignment)
+    name, dims, ttype, offset = infos[-1]
+    end = data_start + offset + sizes[-1]
+    if end > size:
+        raise GGUFReadError(
+            f"{path}: tensor '{name}' data is not within the file bounds, model is corrupted or incomplete"
+        )
+    if size > data_start + expect:
+        from gguf import GGMLQuantizationType
+
+        tname = GGMLQuantizationType(ttype).name.lower()
+        raise GGUFReadError(
+            f"{path}: tensor '{name}' of type {tname} and shape {dims} takes {sizes[-1]} bytes, but {size - offset - data_start} "
+            "follow its offset to the end of the file: its type does not match its data"
+        )
 
 
 def open_gguf(path) -> GGUFReader:

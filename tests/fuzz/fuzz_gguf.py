@@ -12,15 +12,23 @@ a text prompt, and in Python also through the chat template and the detokenizer)
 ``--tiny-share`` of the mutants start from tiny. A mutant is
 
 * random byte flips in the metadata, or a structured change to one key (type, huge, zero,
-  negative, NaN/Inf, strings, arrays: count, duplicates), one tensor info (dims, n_dims,
-  type, offset, name) or the header counts;
+  negative, NaN/Inf, strings, arrays: count, duplicates; the key given twice; token strings
+  that are not UTF-8, all of them or a few), one tensor info (dims, n_dims, type, offset, name;
+  retyped to another ggml type whose blocks fit its rows, often the last tensor, whose size
+  nothing but the data layout check sees, its bytes zeroed half the time) or the header counts;
 * a change to one tensor's data: NaN, Inf, a huge finite value or zero, in one element or the
   whole tensor of a float type, or in the scale or all bytes of one block of a quantized one;
+* weights that are not the reference's under its fingerprint: the twin's file (another model
+  of the same shapes and tokens: clover-tiny-v3-wip, a synthetic random-clover) with the base's
+  fingerprint, one tensor's bytes from the twin, a float tensor perturbed; or the fingerprint
+  edited;
 * the file cut short.
 
 Every mutant runs through ``llama-clover-cli`` in a subprocess and, in a worker process,
-``inspect``, ``load_gguf_as_hf_tensors`` and ``CloverRuntime`` (generate, and the logits of one
-denoising step), each under a memory limit (RLIMIT_AS) and a timeout. Outcomes:
+``inspect``, ``load_gguf_as_hf_tensors``, ``CloverRuntime`` (generate, and the logits of one
+denoising step) and ``match`` (`eval`'s check that the file is a conversion of the base's
+reference, eval/quality/run.check_matches_reference), each under a memory limit (RLIMIT_AS) and
+a timeout. Outcomes:
 
 * ``ok``: it ran and its output is the unmutated file's; ``changed``: it ran and its output
   differs, which the mutation explains (it touched something generation reads);
@@ -28,7 +36,8 @@ denoising step), each under a memory limit (RLIMIT_AS) and a timeout. Outcomes:
 * findings: ``crash`` (a signal), ``hang`` (timeout), ``unclean`` (any other exit or
   exception, or more than one line), ``nonfinite`` (exit 0 with non-finite logits), ``differs``
   (it ran and its output differs although the mutation touched only what generation never
-  reads: general.name, clover_gguf.* provenance, ...).
+  reads: general.name, clover_gguf.* provenance, ...), ``accepted`` (``match`` took a
+  fingerprint mutant for a conversion of the reference).
 
 Findings are kept in ``--keep`` (default tests/data/fuzz/) with a ``.txt`` saying what happened;
 ``tests/runtime/test_fuzz.py`` replays them. Exit status 1 on any finding.
@@ -113,15 +122,16 @@ class Base:
     meta_len: int
     unread: list  # byte ranges of UNREAD_KEYS' values
     expected: dict = field(default_factory=dict)
+    twin: Gguf | None = None  # another model of the same shapes and tokens, the same recipe
 
 
-def load_base(kind: str, path: Path) -> Base:
+def load_base(kind: str, path: Path, twin: Path | None = None) -> Base:
     raw = path.read_bytes()
     g = parse(raw)
     data, meta_len = serialize(g)
     assert data == raw, "the codec does not round-trip the base file"
     unread = [span for k, span in value_spans(g).items() if k in UNREAD_KEYS]
-    return Base(kind, path, raw, g, meta_len, unread)
+    return Base(kind, path, raw, g, meta_len, unread, twin=parse(twin.read_bytes()) if twin else None)
 
 
 # ---- mutations of the metadata ----------------------------------------------------------------
@@ -153,6 +163,16 @@ def _other_value(rng, t):
 def mutate_kv(rng, g: Gguf) -> str:
     kv = rng.choice(g.kvs)
     k = kv.key.decode("utf-8", "replace")
+    if rng.random() < 0.08:  # ggml's parser and the Python reader refuse a key given twice
+        if kv.type == ARR:
+            value = (kv.value[0], list(kv.value[1]))
+        else:
+            value = kv.value if rng.random() < 0.5 else _other_value(rng, kv.type)
+        twin = KV(kv.key, kv.type, value, kv.count)
+        g.kvs.insert(rng.randrange(len(g.kvs) + 1), twin)
+        return f"kv {k}: duplicate key"
+    if rng.random() < 0.05:
+        return mutate_tokens(rng, g)
     if kv.type == ARR:
         sub, items = kv.value
         op = rng.choice(["count+", "count-", "count-huge", "dup", "empty", "elem", "subtype", "type", "truncate"])
@@ -211,12 +231,62 @@ def mutate_kv(rng, g: Gguf) -> str:
     return f"kv {k}: {op}"
 
 
+def mutate_tokens(rng, g: Gguf) -> str:
+    """Token strings that are not UTF-8 (still unique): every one past the specials, so that a
+    text prompt tokenizes to nothing (llama-clover-cli and `run` refuse it), or a few."""
+    kv = next(kv for kv in g.kvs if kv.key == b"tokenizer.ggml.tokens")
+    sub, toks = kv.value
+    if rng.random() < 0.5:
+        kv.value = (sub, [t if i < 6 else b"\xff\xfe%d" % i for i, t in enumerate(toks)])
+        return "kv tokenizer.ggml.tokens: invalid UTF-8 (all)"
+    toks = list(toks)
+    for i in rng.sample(range(len(toks)), min(len(toks), rng.choice([1, 5, 50]))):
+        toks[i] = toks[i] + b"\xc3"  # a lead byte with no continuation
+    kv.value = (sub, toks)
+    return "kv tokenizer.ggml.tokens: invalid UTF-8 (some)"
+
+
+def _retype(rng, g: Gguf, ti: TensorInfo) -> str:
+    """Another ggml type whose blocks fit the rows, mostly of another size; the last tensor's
+    bytes zeroed half the time (finite in any type: llama.cpp's NaN check then does not catch
+    the retype, the data layout check must)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    old = (
+        GGML_QUANT_SIZES.get(GGMLQuantizationType(ti.type))
+        if ti.type in GGMLQuantizationType._value2member_map_
+        else None
+    )
+    fits = [
+        int(q)
+        for q, (blk, size) in GGML_QUANT_SIZES.items()
+        if int(q) != ti.type and ti.dims and ti.dims[0] % blk == 0 and q.name not in ("Q8_K",)
+    ]
+    if not fits:
+        return "unchanged"
+    ti.type = rng.choice(fits)
+    last = max(g.tis, key=lambda t: t.offset)
+    note = ""
+    if ti is last and rng.random() < 0.5:
+        g.data = g.data[: ti.offset] + bytes(len(g.data) - ti.offset)
+        note = ", its bytes zeroed"
+    new = GGML_QUANT_SIZES[GGMLQuantizationType(ti.type)]
+    same = old is not None and old[1] * new[0] == new[1] * old[0]
+    return f"retype to {GGMLQuantizationType(ti.type).name} ({'same' if same else 'other'} size{note})"
+
+
 def mutate_tensor(rng, g: Gguf) -> str:
     ti = rng.choice(g.tis)
     n = ti.name.decode("utf-8", "replace")
     op = rng.choice(
         ["dim0", "dim-huge", "dim+1", "swap", "n_dims", "type", "offset", "offset-huge", "name-dup", "rename"]
+        + ["retype"] * 3
     )
+    if op == "retype":
+        if rng.random() < 0.5:
+            ti = max(g.tis, key=lambda t: t.offset)  # the last tensor: its size is checked by no one else
+            n = ti.name.decode("utf-8", "replace")
+        return f"tensor {n}: {_retype(rng, g, ti)}"
     if op == "dim0":
         ti.dims[rng.randrange(len(ti.dims))] = 0
     elif op == "dim-huge":
@@ -329,6 +399,55 @@ def truncate(rng, base: Base) -> tuple[bytes, str]:
     return base.raw[:cut], f"truncate at {cut} of {n} bytes"
 
 
+FINGERPRINT_KEY = b"clover_gguf.source_weights_sha256"
+MUST_REFUSE = "fingerprint:"  # mutants `eval` must refuse (the match target): other weights
+
+
+def mutate_fingerprint(rng, base: Base, g: Gguf) -> tuple[str, bool]:
+    """Weights that are not the reference's under its fingerprint (the value left as it is, or
+    copied over), or the fingerprint itself edited: `eval` must refuse each whatever the value
+    says (issue 47). (what, whether generation must give the base's output)."""
+    fp = next(kv for kv in g.kvs if kv.key == FINGERPRINT_KEY)
+    op = rng.choice(["value", "other-model", "other-tensor", "scaled"] if base.twin else ["value", "scaled"])
+    if op == "value":
+        fp.value = bytes(rng.choice(b"0123456789abcdef") for _ in range(64))
+        return f"{MUST_REFUSE} another value", True
+    if op == "other-model":  # the twin's file with the base's fingerprint (the v3 GGUF with v2's)
+        twin = _copy(base.twin)
+        next(kv for kv in twin.kvs if kv.key == FINGERPRINT_KEY).value = fp.value
+        g.kvs, g.tis, g.data = twin.kvs, twin.tis, twin.data
+        return f"{MUST_REFUSE} another model's weights", False
+    if op == "other-tensor":  # one tensor's bytes from the twin (same type and size)
+        by_name = {t.name: t for t in base.twin.tis}
+        cands = []
+        for ti in g.tis:
+            span, other = tensor_span(ti), by_name.get(ti.name)
+            if span and other is not None and other.type == ti.type and span[1]:
+                a = g.data[ti.offset : ti.offset + span[1]]
+                b = base.twin.data[other.offset : other.offset + span[1]]
+                if a != b:
+                    cands.append((ti, b))
+        if not cands:
+            return "weights: unchanged (the twin's tensors are the base's)", True
+        ti, b = rng.choice(cands)
+        g.data = g.data[: ti.offset] + b + g.data[ti.offset + len(b) :]
+        return f"{MUST_REFUSE} tensor {ti.name.decode()} from another model", False
+    floats = [t for t in g.tis if t.type in (0, 1, 30) and tensor_span(t)[1]]  # F32, F16, BF16
+    ti = rng.choice(floats)
+    off, n = tensor_span(ti)
+    if ti.type == 0:
+        x = struct.unpack(f"<{n // 4}f", g.data[off : off + n])
+        b = struct.pack(f"<{n // 4}f", *(v * 1.25 for v in x))
+    else:  # the high byte of F16/BF16 holds sign and exponent: a step of the exponent doubles
+        b = bytes(
+            v if i % 2 == 0 or (v & 0x7F) in (0x00, 0x7F, 0x7E) else v + 1 for i, v in enumerate(g.data[off : off + n])
+        )
+    if b == g.data[off : off + n]:
+        return "weights: unchanged", True
+    g.data = g.data[:off] + b + g.data[off + n :]
+    return f"{MUST_REFUSE} tensor {ti.name.decode()} scaled", False
+
+
 def mutant(rng, base: Base) -> tuple[bytes, str, bool]:
     """(mutant bytes, what was done, whether generation must give the base's output)."""
     kind = rng.random()
@@ -339,10 +458,12 @@ def mutant(rng, base: Base) -> tuple[bytes, str, bool]:
         if kind < 0.55:
             what = mutate_kv(rng, g)
             key = what[3:].split(":")[0].encode()
-            same = key in UNREAD_KEYS
-        else:
+            same = key in UNREAD_KEYS and not what.endswith("duplicate key")
+        elif kind < 0.85:
             what = (mutate_tensor if kind < 0.65 else mutate_header if kind < 0.68 else mutate_data)(rng, g)
             same = what.endswith("unchanged")
+        else:
+            what, same = mutate_fingerprint(rng, base, g)
         return serialize(g)[0], what, same
     data, what = truncate(rng, base)
     return data, what, False
@@ -399,7 +520,10 @@ def _generation(path: Path, kind: str) -> str:
         if kind == "spec":
             ids = [int(x) for x in PROMPT_IDS.split(",")]
         else:
+            from clover_gguf.generation.run import check_prompt_tokens
+
             ids = rt.tokenize(TEXT_PROMPT)
+            check_prompt_tokens(ids)  # `run`'s rule (and llama-clover-cli's): tokens that match nothing
             out["chat"] = rt.chat_prompt(CHAT, enable_thinking=False)
         res = rt.generate(ids, GenerationConfig(max_new_tokens=N_PREDICT, block_size=rt.default_block_size))
         out["ids"] = res.tokens
@@ -418,6 +542,28 @@ def _generation(path: Path, kind: str) -> str:
 
 class NonFiniteOutput(Exception):
     pass
+
+
+REFERENCES = {
+    "spec": REPO / "tests" / "data" / "spec-vectors" / "random-clover",
+    "tiny": REPO / "models" / "clover-tiny",
+}
+_REF_SHA: dict = {}
+
+
+def _match(path: Path, kind: str) -> None:
+    """`eval`'s check that the file is a conversion of its base's reference (config, shapes,
+    tokens, fingerprint, a few rows of every tensor's weights)."""
+    from clover_gguf.checkpoint import Checkpoint
+    from clover_gguf.config import CloverConfig
+    from clover_gguf.convert.fingerprint import weights_sha256
+    from clover_gguf.eval.quality.run import check_matches_reference
+
+    ref = REFERENCES[kind]
+    if kind not in _REF_SHA:
+        _REF_SHA[kind] = (CloverConfig.load(ref), weights_sha256(Checkpoint(ref)))
+    cfg, sha = _REF_SHA[kind]
+    check_matches_reference(path, ref, cfg, lambda: sha)
 
 
 def _python_checks(path: Path, kind: str = "spec") -> dict:
@@ -446,6 +592,9 @@ def _python_checks(path: Path, kind: str = "spec") -> dict:
     if kind == "spec":  # dequantizing all of tiny costs 10x its other targets and reads no tokenizer
         check("reader", lambda: load_gguf_as_hf_tensors(path) and None, (GGUFReadError,))
     check("runtime", lambda: _generation(path, kind), (RuntimeError_, ValueError))
+    from clover_gguf.errors import CloverError
+
+    check("match", lambda: _match(path, kind), (CloverError,))
     return out
 
 
@@ -561,6 +710,26 @@ class Tally:
         return sum(n for c in self.counts.values() for o, n in c.items() if o not in GOOD)
 
 
+def twin_files(work: Path) -> dict[str, Path]:
+    """Each base's twin: another model of its shapes and tokens, converted alike (the fingerprint
+    mutants' other weights): a synthetic random-clover of another seed; clover-tiny-v3-wip."""
+    from clover_gguf.config import CloverConfig
+    from clover_gguf.convert.converter import convert
+    from clover_gguf.synthetic import write_synthetic
+
+    out = {}
+    for kind in ("spec", "tiny"):
+        p = work / f"twin-{kind}.gguf"
+        if not p.exists():
+            src = REPO / "models" / "clover-tiny-v3-wip"
+            if kind == "spec":
+                src = work / "twin-spec-model"
+                write_synthetic(src, CloverConfig.load(REFERENCES["spec"]), seed=7, progress=False)
+            convert(src, p, progress=False)
+        out[kind] = p
+    return out
+
+
 def base_files(work: Path) -> dict[str, Path]:
     """spec: random-clover with the default recipe (experts Q4_K -> Q5_0 fallback); tiny:
     clover-tiny with its tokenizer and chat template (experts Q4_K)."""
@@ -595,12 +764,15 @@ def find_cli() -> Path:
     return p
 
 
-def judge(results: dict, base: Base | None, same: bool) -> dict[str, tuple[str, str]]:
+def judge(results: dict, base: Base | None, same: bool, refuse: bool = False) -> dict[str, tuple[str, str]]:
     """Each target's outcome, with a run that gave output compared with the base's: the same
-    (ok), different for a reason (changed), different without one (differs)."""
+    (ok), different for a reason (changed), different without one (differs); and `eval`'s match
+    accepting weights that are not its reference's (accepted) when ``refuse``."""
     out = {}
     for target, (outcome, detail, output) in results.items():
-        if outcome == "ok" and base is not None and target in base.expected and output != base.expected[target]:
+        if target == "match" and refuse and outcome == "ok":
+            outcome, detail = "accepted", "eval took it for a conversion of the reference"
+        elif outcome == "ok" and base is not None and target in base.expected and output != base.expected[target]:
             if same:
                 outcome, detail = "differs", f"output {output[:300]!r}, the base's {base.expected[target][:300]!r}"
             else:
@@ -614,7 +786,8 @@ def check_one(data: bytes, what: str, cli: Path, py: PythonWorker, tally: Tally,
     kind = base.kind if base is not None else kind
     path = tmp / "mutant.gguf"
     path.write_bytes(data)
-    results = judge({"cli": run_cli(cli, path, timeout, kind), **py.check(path, timeout, kind)}, base, same)
+    results = {"cli": run_cli(cli, path, timeout, kind), **py.check(path, timeout, kind)}
+    results = judge(results, base, same, refuse=what.split(": ", 1)[-1].startswith(MUST_REFUSE))
     bad = []
     for target, (outcome, detail) in results.items():
         tally.add(target, outcome)
@@ -653,7 +826,8 @@ def campaign(iterations: int, seed: int, keep: Path | None, timeout: float = TIM
     py = PythonWorker()
     with tempfile.TemporaryDirectory(prefix="clover-fuzz-") as td:
         tmp = Path(td)
-        bases = {k: load_base(k, p) for k, p in base_files(base_dir or tmp).items()}
+        twins = twin_files(base_dir or tmp)
+        bases = {k: load_base(k, p, twins[k]) for k, p in base_files(base_dir or tmp).items()}
         for b in bases.values():
             _expected(b, cli, py, timeout)
         t0 = time.time()
@@ -717,7 +891,7 @@ def main(argv=None) -> int:
     else:
         tally = campaign(a.iterations, a.seed, None if a.no_keep else a.keep, a.timeout, tiny_share=a.tiny_share)
     print(f"done in {time.time() - t0:.0f} s: {json.dumps(tally.counts)}")
-    print(f"findings (crash, hang, unclean, nonfinite, differs): {tally.bad}")
+    print(f"findings (crash, hang, unclean, nonfinite, differs, accepted): {tally.bad}")
     return 1 if tally.bad else 0
 
 

@@ -127,3 +127,61 @@ def test_a_broken_chat_template_is_one_line(bases, tmp_path):
     rt.close()
     res = CliRunner().invoke(cli, ["run", str(p), "--chat", "-p", "hi", "-n", "4", "-t", "1"])
     assert res.exit_code == 1 and res.stderr.count("\n") == 1 and "TemplateSyntaxError" in res.stderr, res.stderr
+
+
+@pytest.fixture(scope="module")
+def twins(base_dir):
+    """Each base's twin (another model of its shapes and tokens): the fingerprint mutants' weights."""
+    return F.twin_files(base_dir)
+
+
+def test_weights_under_the_references_fingerprint_are_refused_by_eval(bases, harness, twins):
+    """Issue 47: every fingerprint mutant (the twin's file with the base's fingerprint, one of its
+    tensors, a float tensor perturbed, the value edited) is refused by `eval`'s match; generation
+    runs or refuses as for any other mutant. A match that accepts one is a finding."""
+    cli, py, tmp = harness
+    rng = random.Random(2)
+    for kind, b in bases.items():
+        b = F.Base(b.kind, b.path, b.raw, b.g, b.meta_len, b.unread, b.expected, codec.parse(twins[kind].read_bytes()))
+        ops, tally = set(), F.Tally()
+        for _ in range(24):
+            g = F._copy(b.g)
+            what, same = F.mutate_fingerprint(rng, b, g)
+            ops.add(what.split(" ")[1] if what.startswith(F.MUST_REFUSE) else what)
+            bad = F.check_one(codec.serialize(g)[0], f"{kind}: {what}", cli, py, tally, None, 60, tmp, b, same)
+            assert bad == [], f"{HINT}: {what}: {bad}"
+        assert ops >= {"another", "tensor"}, ops
+        assert set(tally.counts["match"]) == {"clean"}, tally.counts
+    bad = F.check_one(b.raw, "tiny: fingerprint: a claim", cli, py, F.Tally(), None, 60, tmp, b)
+    assert [(t, o) for t, o, _ in bad] == [("match", "accepted")]
+
+
+def test_the_new_structural_mutants(bases, harness):
+    """A key given twice, token strings that are not UTF-8, the last tensor retyped to a smaller
+    type over zeroed bytes: each target refuses in one line (or, llama-clover-cli on the retype,
+    runs: ggml and llama.cpp do not check the last tensor's size)."""
+    cli, py, tmp = harness
+    b = bases["tiny"]
+
+    def run(g, what):
+        tally = F.Tally()
+        assert F.check_one(codec.serialize(g)[0], what, cli, py, tally, None, 60, tmp, b) == []
+        return {t: next(iter(c)) for t, c in tally.counts.items()}
+
+    g = F._copy(b.g)
+    kv = next(kv for kv in g.kvs if kv.key == b"clover.block_count")
+    g.kvs.append(codec.KV(kv.key, kv.type, kv.value))
+    assert set(run(g, "dup").values()) == {"clean"}
+    g = F._copy(b.g)
+    rng = random.Random(0)
+    while F.mutate_tokens(rng, g) != "kv tokenizer.ggml.tokens: invalid UTF-8 (all)":
+        g = F._copy(b.g)
+    got = run(g, "tokens")
+    assert got["cli"] == got["runtime"] == got["match"] == "clean", got
+    g = F._copy(b.g)
+    ti = max(g.tis, key=lambda t: t.offset)
+    assert ti.name == b"output.weight" and ti.type == 30
+    ti.type = 8  # Q8_0 over BF16's bytes: 34 where 64 lie
+    g.data = g.data[: ti.offset] + bytes(len(g.data) - ti.offset)
+    got = run(g, "retype")
+    assert got["runtime"] == got["inspect"] == got["match"] == "clean" and got["cli"] == "changed", got

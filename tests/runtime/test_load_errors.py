@@ -272,3 +272,66 @@ def test_cli_prompt_ids_must_be_in_the_vocabulary(tmp_path, base, cli_bin):
     assert r.returncode == 1 and r.stderr == "error: --prompt-ids 1,99999: token 99999 is not an id in [0, 96]\n"
     r = _run_cli(cli_bin, path, "--no-perf")  # the unmutated file runs, and says nothing else
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_a_last_tensor_retyped_to_a_smaller_type_is_refused(tmp_path, base):
+    """Issue 47: output.weight, the last tensor, retyped to a type of fewer bytes loaded and
+    generated garbage: ggml's parser checks each tensor's offset against the one before, and
+    llama.cpp's loader that the data ends within the file, so the bytes a smaller type leaves
+    over at the end pass both (llama-clover-cli still loads such a file). CloverRuntime and the
+    Python reader refuse it, naming the tensor. Its bytes are zeroed here, finite in any type:
+    the NaN check that happens to catch most random reinterpretations does not."""
+    g = copy.deepcopy(base)
+    ti = g.tis[-1]
+    assert ti.name == b"output.weight" and ti.type == 30  # BF16
+    off, n = F.tensor_span(ti)
+    ti.type = 8  # Q8_0: 34 bytes per 32 weights, where BF16 has 64
+    g.data = g.data[:off] + bytes(len(g.data) - off)
+    path = tmp_path / "retyped.gguf"
+    path.write_bytes(F.serialize(g)[0])
+    q8 = F.tensor_span(ti)[1]
+    msg = (
+        f"tensor 'output.weight' of type q8_0 and shape {ti.dims} takes {q8} bytes, but {len(g.data) - off} "
+        "follow its offset to the end of the file: its type does not match its data"
+    )
+    assert q8 < n <= len(g.data) - off
+    assert _python_reason(path) == msg
+    with pytest.raises(GGUFReadError) as e:
+        load_gguf_as_hf_tensors(path)
+    assert str(e.value) == f"{path}: {msg}"
+    r = subprocess.run(
+        [sys.executable, "-m", "clover_gguf.cli", "run", str(path), "--prompt-ids", "1,2"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1 and r.stderr == f"Error: {path}: {msg}\n", r.stderr
+    ti.type = 30  # the same bytes with their own type load
+    ok = tmp_path / "ok.gguf"
+    ok.write_bytes(F.serialize(g)[0])
+    from clover_gguf.runtime.runtime import CloverRuntime
+
+    CloverRuntime(ok, n_threads=1).close()
+
+
+def test_a_prompt_that_gives_no_tokens_is_refused_as_llama_clover_cli_does(tmp_path, converted, cli_bin):
+    """Issue 47: on a GGUF whose token strings are not UTF-8 the prompt tokenizes to nothing;
+    `clover-gguf run` generated from the empty prompt (exit 0) where llama-clover-cli refuses.
+    Now both refuse in the same words."""
+    from testdata import TINY
+
+    g = F.parse(converted(TINY).read_bytes())
+    sub, toks = _kv(g, "tokenizer.ggml.tokens").value
+    _kv(g, "tokenizer.ggml.tokens").value = (sub, [t if i < 6 else b"\xff\xfe%d" % i for i, t in enumerate(toks)])
+    path = tmp_path / "not-utf8.gguf"
+    path.write_bytes(F.serialize(g)[0])
+    r = subprocess.run(
+        [str(cli_bin), "-m", str(path), "-p", "def f(x):", "-n", "8", "-t", "1"], capture_output=True, text=True
+    )
+    assert r.returncode == 1 and r.stderr == "error: -p: the prompt gives no tokens\n", r.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, "-m", "clover_gguf.cli", "run", str(path), "-p", "def f(x):", "-n", "8", "--threads", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1 and r.stderr == "Error: -p: the prompt gives no tokens\n", r.stderr[-2000:]
+    assert r.stdout == ""

@@ -607,9 +607,11 @@ def tokens_sha256(tokens) -> str:
 
 def check_matches_reference(gguf: Path, reference: Path, cfg, reference_sha256=None) -> str | None:
     """The GGUF is a conversion of the reference: architecture, shapes and special ids of the
-    config, every tensor's shape, the tokenizer's token strings (by hash), and the source
-    weights' fingerprint the converter recorded (clover_gguf.source_weights_sha256, compared
-    with ``reference_sha256()``, by default convert.fingerprint.weights_sha256 of the reference).
+    config, every tensor's shape, the tokenizer's token strings (by hash), the source weights'
+    fingerprint the converter recorded (clover_gguf.source_weights_sha256, compared with
+    ``reference_sha256()``, by default convert.fingerprint.weights_sha256 of the reference), and
+    the weights themselves: a few rows of every tensor, dequantized, within the type's error
+    bound of the reference's (weights.compare_weights), whatever the fingerprint says.
     Raises QualityError naming the first difference; returns a note for a GGUF without the
     fingerprint (an older clover-gguf's or another converter's), checked by the rest only."""
     from ...convert.metadata import load_vocab
@@ -644,7 +646,19 @@ def check_matches_reference(gguf: Path, reference: Path, cfg, reference_sha256=N
             f"tokenizer token strings differ (sha256 {tokens_sha256(got)[:12]} vs {tokens_sha256(ref)[:12]}; "
             f"first at token {i}: {a!r} vs {b!r})"
         )
-    return _check_weights_sha256(r, gguf, reference, reference_sha256, differs)
+    note = _check_weights_sha256(r, gguf, reference, reference_sha256, differs)
+    from ...checkpoint import CheckpointError
+    from .weights import compare_weights
+
+    try:
+        ck = Checkpoint(reference, cfg)
+        ck.validate()  # names, shapes and dtypes: the rows read below are the ones meant
+    except CheckpointError as e:  # the reference's own fault, named by the checkpoint reader
+        raise QualityError(str(e)) from None
+    why = compare_weights(r, ck)
+    if why:
+        raise differs(f"{why}: it is not a conversion of this reference, whatever its fingerprint says")
+    return note
 
 
 def _check_weights_sha256(r, gguf: Path, reference: Path, reference_sha256, differs) -> str | None:

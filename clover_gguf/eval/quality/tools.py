@@ -385,6 +385,20 @@ def check_config(cfg: ToolsConfig) -> None:
         raise ValueError(f"--modes: {bad[0]!r} is not one of {', '.join(MODES)}")
 
 
+def reference_notes(reference, ggufs, log=print) -> list[str]:
+    """Each GGUF is a conversion of the reference (run.check_matches_reference: config, shapes,
+    token strings, fingerprint, a few rows of every tensor's weights), before anything is
+    scored: QualityError names the first that is not. The notes of the files matched without a
+    fingerprint, logged."""
+    from ...config import CloverConfig
+    from .run import mismatch_notes
+
+    notes = mismatch_notes([Path(g) for g in ggufs], Path(reference), CloverConfig.load(reference))
+    for n in notes:
+        log(f"note: {n}")
+    return notes
+
+
 def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print) -> dict:
     """The command: the reference (free), then each GGUF (cfg.modes); writes tools.json,
     report.md and tools.png to out_dir. Returns the run dict."""
@@ -393,6 +407,7 @@ def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print
     check_config(cfg)
     turns, _ = load_turns(cfg.heldout, cfg.limit)
     names = list(names or []) + [Path(g).name for g in ggufs[len(names or []) :]]
+    notes = reference_notes(reference, ggufs, log)
     log(f"{len(turns)} assistant turns ({sum(bool(t['expected']) for t in turns)} expecting calls)")
     targets = []
     ref_dec = ReferenceDecoder(reference)
@@ -432,6 +447,7 @@ def run_tools(reference, ggufs, cfg: ToolsConfig, out_dir, names=None, log=print
             for t in targets
         ],
         "stability": stab,
+        "notes": notes,
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -105,6 +105,7 @@ def tools_markdown(run: dict, plot: str | None) -> str:
         figures_table(run),
         "",
     ]
+    L += [f"> {n}\n" for n in run.get("notes", [])]
     if plot:
         L += [f"![tools]({plot})", ""]
     if run.get("stability"):
