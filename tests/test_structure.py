@@ -145,8 +145,9 @@ def test_plan_sits_above_convert(parsed):
 
 
 # Exception classes that are not errors a user acts on: a signal unwinding a conversion like
-# Ctrl-C (convert/writer.py), and the server's HTTP 400 answer, raised and caught inside it.
-NOT_CLOVER_ERRORS = {"Terminated", "BadRequest"}
+# Ctrl-C (convert/writer.py), a client gone unwinding its prefill (serve/engine.py), and the
+# server's HTTP 400 answer (and its kinds), raised and caught inside it.
+NOT_CLOVER_ERRORS = {"Terminated", "_Cancelled", "BadRequest"}
 
 
 def exception_classes(root: Path = PKG) -> dict[str, list[str]]:
@@ -169,8 +170,10 @@ def exception_classes(root: Path = PKG) -> dict[str, list[str]]:
 
 def not_clover_errors(classes: dict[str, list[str]]) -> list[str]:
     def derives(name: str, seen: frozenset = frozenset()) -> bool:
-        return name == "CloverError" or (
-            name not in seen and any(derives(b, seen | {name}) for b in classes.get(name, ()))
+        return (
+            name == "CloverError"
+            or name in NOT_CLOVER_ERRORS
+            or (name not in seen and any(derives(b, seen | {name}) for b in classes.get(name, ())))
         )
 
     return sorted(n for n in classes if n not in NOT_CLOVER_ERRORS and not derives(n))

@@ -225,10 +225,32 @@ def _float_term() -> Term:
                 frozenset({RTX4090.arch} | {f.arch for f in VLLM_MOE}))  # fmt: skip
 
 
-def _seed_terms() -> dict[str, Term]:
-    from .public import layer_and_moe_fit
+# public.py's fit (layer_and_moe_fit) of the per-layer and MoE terms to public figures, kept as
+# numbers: the fit runs the cost model, which stands on this module.
+# tests/plan/test_public_gpu.py::test_the_stored_fit_is_the_fit refits and compares.
+FIT_LAYER = (13.2059324, 0.7204654, 1.3115089)  # ms x SM x GHz per layer; the spread (fast, slow)
+FIT_LAYER_ARCHS = frozenset({"ampere", "ada", "blackwell"})
+FIT_MOE_AB = (0.15742074, 0.02251562)  # 1 / rate = a + b x rows per touched expert
+FIT_MOE_SPREAD = (0.9268275, 1.1890107)
+FIT_MOE_ARCHS = frozenset({"ampere", "ada"})
 
-    fit = layer_and_moe_fit()
+
+def _fit_terms() -> tuple[Term, Term]:
+    c, lo, hi = FIT_LAYER
+    a, b = FIT_MOE_AB
+    layer = Term("layer", c, lo, hi,
+                 "fit (plan/public.py): the time a 1-row figure leaves after its weights' and KV cache's bandwidth "
+                 "terms, per layer x SMs x GHz, geometric mean of 6 figures: llama.cpp PRs #15631, #15525, #19057, "
+                 "ik_llama.cpp PR #1593, noonghunna/club-3090 #390", "fit", FIT_LAYER_ARCHS)  # fmt: skip
+    moe = Term("moe", 1.0, *FIT_MOE_SPREAD,
+               f"fit (plan/public.py): 1 / rate = {a:.3f} + {b:.4f} x rows per touched expert (G weights/s per SM x "
+               "GHz), 7 batched figures: llama.cpp PR #15631 (RTX 4090, Qwen3-30B-A3B Q4_0, 16/32/64 rows), PR #15525 "
+               "(RTX 3090, DeepSeek-V2-Lite Q4_0, 16/32/64/128 rows)", "fit", FIT_MOE_ARCHS)  # fmt: skip
+    return layer, moe
+
+
+def _seed_terms() -> dict[str, Term]:
+    layer_term, moe_term = _fit_terms()
     mmq_gpus = {a.gpu for a in MMQ_ANCHORS} | {RTX3090, SCALING_CHECK.gpu}
     v = [x[0] for x in MMVQ_BW.values()]
     terms = [
@@ -237,11 +259,11 @@ def _seed_terms() -> dict[str, Term]:
              f"spread: another card at {CARD_TRANSFER:.2f}x the SMs x clock prediction (PR #24127, RTX 5090 against the "
              f"same build's RTX 4090), a newer build {BUILD_DRIFT:.2f}x the seed (PR #24127's RTX 4090 against #8495's)",
              "measured", _archs(*mmq_gpus)),
-        fit.moe_term,
+        moe_term,
         _float_term(),
         Term("mmvq_bw", 1.0, min(v) / max(v), max(v) / min(v), "; ".join(s for _, s in MMVQ_BW.values()),
              "measured", _archs(RTX4090, RTX3090)),
-        fit.layer_term,
+        layer_term,
         *(Term(k, v, lo / v, hi / v, f"assumption: {why}; assumed {lo:g}-{hi:g} ms", "assumption")
           for k, (v, lo, hi, why) in ASSUMED.items()),
         Term("pinned", PCIE_PINNED_FRACTION, 1.0, 1.0,
@@ -269,7 +291,7 @@ class KernelTable:
     terms: dict[str, Term] = field(default_factory=lambda: dict(_seed_terms_cached()))
     # MUL_MAT_ID: 1 / rate = a + b x rows per touched expert (plan.public's fit), times a measured
     # factor per type once a device check has run
-    moe_ab: tuple[float, float] = field(default_factory=lambda: _seed_moe_ab())
+    moe_ab: tuple[float, float] = FIT_MOE_AB
     moe_measured: dict[str, float] = field(default_factory=dict)  # type -> measured / fit
     layer_c: float = field(default_factory=lambda: _seed_terms_cached()["layer"].value)  # ms x SM x GHz per layer
     copy_measured: dict | None = None  # {"pinned": (GB/s, ms a call), "pageable": ...} of the measured system
@@ -458,12 +480,6 @@ def _seed_type_factor() -> dict[str, float]:
 @lru_cache(maxsize=1)
 def _seed_terms_cached() -> dict[str, Term]:
     return _seed_terms()
-
-
-def _seed_moe_ab() -> tuple[float, float]:
-    from .public import layer_and_moe_fit
-
-    return layer_and_moe_fit().moe_ab
 
 
 def seed_table_markdown() -> str:

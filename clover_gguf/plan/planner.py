@@ -275,13 +275,7 @@ def make_plan(
             "block_size": cfg.block_size,
             "vocab": cfg.vocab_size,
         },
-        "routing": {
-            "source": routing.source,
-            "measured": routing.measured,
-            "block_all_masked": round(routing.fraction(cfg.block_size, 1.0), 4),
-            "block_commit": round(routing.fraction(cfg.block_size, 0.0), 4),
-            "one_token": round(routing.fraction(1, 1.0), 4),
-        },
+        "routing": _routing_json(routing, cfg.block_size),
         "device": {
             "name": dev.name,
             "assumed": dev_note or None,
@@ -293,6 +287,33 @@ def make_plan(
             "sm_ghz": round(dev.sm_ghz, 1),
             "tflops": dev.tflops,
         },
+        **_speed_json(kern, dev, key, card),
+        "context": context,
+        "sequences": n_seq,
+        "overhead": {**acct.to_dict(), "cuda_context_bytes": total - free},
+        "curves": curves.source,
+        "kl_label": "predicted" if same_model else "prior",
+        "fit": None if fit is None else {"budget_bytes": fit.budget, "table": fit.format(kl_head(same_model))},
+        "calibration": f"{cpu.source}, {cpu.threads or '?'} thread(s)",
+        "options": rows,
+        "recommended": (recommended(rows) or {}).get("name"),
+    }
+
+
+def _routing_json(routing, block_size: int) -> dict:
+    return {
+        "source": routing.source,
+        "measured": routing.measured,
+        "block_all_masked": round(routing.fraction(block_size, 1.0), 4),
+        "block_commit": round(routing.fraction(block_size, 0.0), 4),
+        "one_token": round(routing.fraction(1, 1.0), 4),
+    }
+
+
+def _speed_json(kern: KernelTable, dev: cost.Device, key: str | None, card) -> dict:
+    """What the GPU figures stand on: the kernel table's label and terms, what is assumed and
+    unanchored, and the copy rates."""
+    return {
         "speed_label": kern.label(dev.name, key),
         "speed_range": "low-high: every GPU term at the slow and at the fast end of its sources' spread",
         "kernels": kern.source,
@@ -305,15 +326,6 @@ def make_plan(
             m: {b: round(kern.variant(b).copy(dev.pcie_raw_gbs, m == "pinned")[0], 2) for b in BOUNDS}
             for m in ("pinned", "pageable")
         },
-        "context": context,
-        "sequences": n_seq,
-        "overhead": {**acct.to_dict(), "cuda_context_bytes": total - free},
-        "curves": curves.source,
-        "kl_label": "predicted" if same_model else "prior",
-        "fit": None if fit is None else {"budget_bytes": fit.budget, "table": fit.format(kl_head(same_model))},
-        "calibration": f"{cpu.source}, {cpu.threads or '?'} thread(s)",
-        "options": rows,
-        "recommended": (recommended(rows) or {}).get("name"),
     }
 
 

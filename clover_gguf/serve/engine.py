@@ -140,111 +140,7 @@ class Engine:
         about as long as a step (llama-server's chunked prefill), so that it delays them by one
         chunk a step, not by its whole prefill. A job is reported done as soon as it ends, after
         its history snapshot is stored."""
-        runs: dict[int, _Run] = {}  # sequence -> the job decoding there
-        prefilling: dict[int, _Prefill] = {}  # sequence -> the job whose prompt is being committed
-        last = [time.perf_counter()]  # when the last step ended: a chunk is about one step long
-
-        def admit(job: Job, seq: int) -> _Prefill | None:
-            if job.cancelled.is_set():
-                self.counters["cancelled"] += not job.timed_out
-                _send(job, {"type": "error", "message": "cancelled before it started", "status": 499})
-                return None
-            # a grammar was built and checked before the job was queued (serve/prep.py): the
-            # worker thread never parses a request's grammar before it decodes
-            _send(job, {"type": "start"})
-            try:
-                return _Prefill(self, job, seq)
-            except Exception as e:  # one failed request must not stop the server
-                self.counters["errors"] += 1
-                _send(job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
-                return None
-
-        def advance(p: _Prefill, budget: float | None) -> bool:
-            """Commit more of p's prompt; True when it is ready to decode (its run started)."""
-            try:
-                if p.job.cancelled.is_set():
-                    raise _Cancelled
-                if not p.advance(budget):
-                    return False
-                runs[p.seq] = _Run(self, p.job, p.seq, p.pos, p.seconds)
-            except _Cancelled:
-                self.counters["cancelled"] += 1
-                _send(p.job, {"type": "error", "message": "cancelled while its prompt was committed", "status": 499})
-                prefilling.pop(p.seq, None)
-                return False
-            except Exception as e:  # one failed request must not stop the server
-                self.counters["errors"] += 1
-                _send(p.job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
-                prefilling.pop(p.seq, None)
-                return False
-            prefilling.pop(p.seq, None)
-            runs[p.seq].t0 = time.perf_counter()
-            live = sum(not r.finished for r in runs.values())
-            self.counters["largest_group"] = max(self.counters["largest_group"], live)
-            return True
-
-        # nothing decodes yet: prompts are committed whole, the shortest first (the others wait
-        # for them, not the other way round)
-        for seq, job in enumerate(jobs):
-            if (p := admit(job, seq)) is not None:
-                prefilling[seq] = p
-        first: list[_Run] = []
-        for p in sorted(prefilling.values(), key=lambda p: p.end - p.pos):
-            if advance(p, None):
-                first.append(runs[p.seq])
-        if not first:
-            return
-        self.counters["groups"] += 1
-
-        def refill(free: list[int]) -> list[tuple[int, list[int], GenerationConfig]]:
-            out = []
-            idle = all(not (r.job and not r.finished) for r in runs.values())
-            budget = None if idle else max(_MIN_CHUNK_S, time.perf_counter() - last[0])
-            for p in (
-                sorted(prefilling.values(), key=lambda p: p.job.t_submit)[:1] if not idle else list(prefilling.values())
-            ):
-                if advance(p, budget):
-                    out.append((p.seq, p.job.prompt[p.pos :], p.job.cfg))
-            taken = set(prefilling) | {s for s, _, _ in out}
-            for seq in (q for q in free if q < self.parallel and q not in taken):  # the last is the scratch one
-                while (job := self._take()) is not None:
-                    if (p := admit(job, seq)) is None:
-                        continue
-                    prefilling[seq] = p
-                    if advance(p, budget):
-                        out.append((seq, job.prompt[p.pos :], job.cfg))
-                    break
-                else:
-                    break
-            last[0] = time.perf_counter()
-            return out
-
-        def after_step(i: int) -> bool:
-            last[0] = time.perf_counter()
-            return runs[i].after_step()
-
-        self._graphs0 = self.counters["denoise_graphs"]
-        try:
-            self.rt.generate_batch(
-                [r.job.prompt[r.start :] for r in first],
-                [r.job.cfg for r in first],
-                on_block=lambda i, toks, st: runs[i].on_block(toks, st),
-                reset=False,
-                on_finish=lambda i, res: runs[i].finish(res),
-                refill=refill,
-                after_step=after_step,
-            )
-            self.counters["denoise_graphs"] = self._graphs0 + int((self.rt.last_perf or {}).get("n_steps", 0))
-        except Exception as e:
-            for r in runs.values():
-                if not r.finished:
-                    r.finished = True
-                    self.counters["errors"] += 1
-                    self.counters["processing"] -= 1
-                    _send(r.job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
-        for p in list(prefilling.values()):  # left when every decoding sequence failed
-            self.counters["errors"] += 1
-            _send(p.job, {"type": "error", "message": "the group it joined failed before its prompt was committed"})
+        _Group(self).run(jobs)
 
     def _count_graphs(self) -> None:
         """denoise_graphs now, inside a group (the runtime counts its graphs since the group began)."""
@@ -463,3 +359,115 @@ def _send(job: Job, ev: dict) -> None:
         job.emit(ev)
     except Exception:  # the client's event loop is gone
         job.cancel()
+
+
+class _Group:
+    """One run_group: the sequences decoding (runs) and those whose prompt is being committed
+    (prefilling), and the callbacks generate_batch calls between steps."""
+
+    def __init__(self, engine: Engine):
+        self.e = engine
+        self.runs: dict[int, _Run] = {}  # sequence -> the job decoding there
+        self.prefilling: dict[int, _Prefill] = {}  # sequence -> the job whose prompt is being committed
+        self.last = time.perf_counter()  # when the last step ended: a chunk is about one step long
+
+    def admit(self, job: Job, seq: int) -> _Prefill | None:
+        if job.cancelled.is_set():
+            self.e.counters["cancelled"] += not job.timed_out
+            _send(job, {"type": "error", "message": "cancelled before it started", "status": 499})
+            return None
+        # a grammar was built and checked before the job was queued (serve/prep.py): the
+        # worker thread never parses a request's grammar before it decodes
+        _send(job, {"type": "start"})
+        try:
+            return _Prefill(self.e, job, seq)
+        except Exception as e:  # one failed request must not stop the server
+            self.e.counters["errors"] += 1
+            _send(job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
+            return None
+
+    def advance(self, p: _Prefill, budget: float | None) -> bool:
+        """Commit more of p's prompt; True when it is ready to decode (its run started)."""
+        counters = self.e.counters
+        try:
+            if p.job.cancelled.is_set():
+                raise _Cancelled
+            if not p.advance(budget):
+                return False
+            self.runs[p.seq] = _Run(self.e, p.job, p.seq, p.pos, p.seconds)
+        except _Cancelled:
+            counters["cancelled"] += 1
+            _send(p.job, {"type": "error", "message": "cancelled while its prompt was committed", "status": 499})
+            self.prefilling.pop(p.seq, None)
+            return False
+        except Exception as e:  # one failed request must not stop the server
+            counters["errors"] += 1
+            _send(p.job, {"type": "error", "message": f"{type(e).__name__}: {e}"})
+            self.prefilling.pop(p.seq, None)
+            return False
+        self.prefilling.pop(p.seq, None)
+        self.runs[p.seq].t0 = time.perf_counter()
+        live = sum(not r.finished for r in self.runs.values())
+        counters["largest_group"] = max(counters["largest_group"], live)
+        return True
+
+    def refill(self, free: list[int]) -> list[tuple[int, list[int], GenerationConfig]]:
+        out = []
+        idle = all(not (r.job and not r.finished) for r in self.runs.values())
+        budget = None if idle else max(_MIN_CHUNK_S, time.perf_counter() - self.last)
+        waiting = sorted(self.prefilling.values(), key=lambda p: p.job.t_submit)
+        for p in waiting if idle else waiting[:1]:
+            if self.advance(p, budget):
+                out.append((p.seq, p.job.prompt[p.pos :], p.job.cfg))
+        taken = set(self.prefilling) | {s for s, _, _ in out}
+        for seq in (q for q in free if q < self.e.parallel and q not in taken):  # the last is the scratch one
+            while (job := self.e._take()) is not None:
+                if (p := self.admit(job, seq)) is None:
+                    continue
+                self.prefilling[seq] = p
+                if self.advance(p, budget):
+                    out.append((seq, job.prompt[p.pos :], job.cfg))
+                break
+            else:
+                break
+        self.last = time.perf_counter()
+        return out
+
+    def after_step(self, i: int) -> bool:
+        self.last = time.perf_counter()
+        return self.runs[i].after_step()
+
+    def run(self, jobs: list[Job]) -> None:
+        e, runs = self.e, self.runs
+        # nothing decodes yet: prompts are committed whole, the shortest first (the others wait
+        # for them, not the other way round)
+        for seq, job in enumerate(jobs):
+            if (p := self.admit(job, seq)) is not None:
+                self.prefilling[seq] = p
+        first = [runs[p.seq] for p in sorted(self.prefilling.values(), key=lambda p: p.end - p.pos)
+                 if self.advance(p, None)]  # fmt: skip
+        if not first:
+            return
+        e.counters["groups"] += 1
+        e._graphs0 = e.counters["denoise_graphs"]
+        try:
+            e.rt.generate_batch(
+                [r.job.prompt[r.start :] for r in first],
+                [r.job.cfg for r in first],
+                on_block=lambda i, toks, st: runs[i].on_block(toks, st),
+                reset=False,
+                on_finish=lambda i, res: runs[i].finish(res),
+                refill=self.refill,
+                after_step=self.after_step,
+            )
+            e.counters["denoise_graphs"] = e._graphs0 + int((e.rt.last_perf or {}).get("n_steps", 0))
+        except Exception as ex:
+            for r in runs.values():
+                if not r.finished:
+                    r.finished = True
+                    e.counters["errors"] += 1
+                    e.counters["processing"] -= 1
+                    _send(r.job, {"type": "error", "message": f"{type(ex).__name__}: {ex}"})
+        for p in list(self.prefilling.values()):  # left when every decoding sequence failed
+            e.counters["errors"] += 1
+            _send(p.job, {"type": "error", "message": "the group it joined failed before its prompt was committed"})

@@ -203,3 +203,15 @@ def test_plan_prints_ranges_assumptions_and_unanchored_terms():
     assert "† unanchored" in text and "(hopper)" in text
     ada = json.loads(CliRunner().invoke(cli, [*args, "rtx4090", "--json"]).output)
     assert not any(o["unanchored"] for o in ada["options"] if o["kind"] != "split")
+
+
+def test_the_stored_fit_is_the_fit():
+    """kernels keeps the fit's numbers (it sits below the cost model the fit runs on): refitting
+    gives them."""
+    fit = P.layer_and_moe_fit()
+    layer, moe = K._fit_terms()
+    for got, want in ((layer, fit.layer_term), (moe, fit.moe_term)):
+        assert (got.value, got.fast, got.slow) == pytest.approx((want.value, want.fast, want.slow), rel=1e-6)
+        assert got.archs == want.archs and got.kind == want.kind == "fit"
+    assert K.KernelTable().moe_ab == pytest.approx(fit.moe_ab, rel=1e-6)
+    assert K.KernelTable().layer_c == pytest.approx(fit.layer_term.value, rel=1e-6)

@@ -389,37 +389,66 @@ def _event(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
 
+class _Blocks:
+    """The content blocks of one streamed message: the open block's index and kind, and the
+    thinking text its signature covers."""
+
+    def __init__(self):
+        self.index, self.kind, self.thinking = -1, None, []
+
+    def start(self, block: dict) -> str:
+        self.index += 1
+        self.kind = block["type"]
+        return _event("content_block_start", {"index": self.index, "content_block": block})
+
+    def stop(self) -> str:
+        out = ""
+        if self.kind == "thinking":
+            sig = {"type": "signature_delta", "signature": _signature("".join(self.thinking))}
+            out = _event("content_block_delta", {"index": self.index, "delta": sig})
+        self.kind = None
+        return out + _event("content_block_stop", {"index": self.index})
+
+    def switch(self, block: dict) -> list[str]:
+        """Open a block of another kind, closing the open one first."""
+        if self.kind == block["type"]:
+            return []
+        return ([self.stop()] if self.kind is not None else []) + [self.start(block)]
+
+    def delta(self, delta: dict) -> str:
+        return _event("content_block_delta", {"index": self.index, "delta": delta})
+
+    def decoded(self, ev: dict) -> list[str]:
+        out = []
+        if ev["reasoning"]:
+            out += self.switch({"type": "thinking", "thinking": "", "signature": ""})
+            self.thinking.append(ev["reasoning"])
+            out.append(self.delta({"type": "thinking_delta", "thinking": ev["reasoning"]}))
+        if ev["content"]:
+            out += self.switch({"type": "text", "text": ""})
+            out.append(self.delta({"type": "text_delta", "text": ev["content"]}))
+        for c in ev["calls"]:
+            fn = c["function"]
+            out += [self.stop()] if self.kind is not None else []
+            out.append(self.start({"type": "tool_use", "id": c["id"], "name": fn["name"], "input": {}}))
+            out += [self.delta({"type": "input_json_delta", "partial_json": fn["arguments"]}), self.stop()]
+        return out
+
+    def end(self, ev: dict) -> list[str]:
+        out = [self.stop()] if self.kind is not None else []
+        delta = {"stop_reason": STOP_REASON[ev["finish_reason"]], "stop_sequence": ev["stop_word"]}
+        md = {"delta": delta, "usage": usage(ev["usage"])}
+        if ev.get("error"):
+            md["error"] = {"type": "constraint_failed", "message": ev["error"]}
+        return out + [_event("message_delta", md), _event("message_stop", {})]
+
+
 async def _sse(srv, run: ChatRun, mid: str):
     """message_start (when the first block is decoded: the prompt's cached tokens are known),
     ping, then per content block content_block_start, its deltas (thinking_delta and a
     signature_delta, text_delta, one input_json_delta per call) and content_block_stop, then
     message_delta (stop_reason, usage) and message_stop."""
-    index, open_kind, thinking = -1, None, []
-    started = False
-
-    def start(block: dict) -> str:
-        nonlocal index, open_kind
-        index += 1
-        open_kind = block["type"]
-        return _event("content_block_start", {"index": index, "content_block": block})
-
-    def stop() -> str:
-        nonlocal open_kind
-        out = ""
-        if open_kind == "thinking":
-            out = _event(
-                "content_block_delta",
-                {"index": index, "delta": {"type": "signature_delta", "signature": _signature("".join(thinking))}},
-            )
-        open_kind = None
-        return out + _event("content_block_stop", {"index": index})
-
-    def message_start(reused: int) -> str:
-        u = {"input_tokens": run.n_prompt - reused, "cache_creation_input_tokens": 0}
-        u |= {"cache_read_input_tokens": reused, "output_tokens": 0}
-        msg = _message(srv, mid, []) | {"stop_reason": None, "stop_sequence": None, "usage": u}
-        return _event("message_start", {"message": msg}) + _event("ping", {})
-
+    blocks, started = _Blocks(), False
     async for ev in run.events():
         out = []
         if not started and ev["type"] != "error":
@@ -428,52 +457,14 @@ async def _sse(srv, run: ChatRun, mid: str):
             reused = (
                 b.get("reused", 0) if ev["type"] == "delta" else ev["usage"]["prompt_tokens_details"]["cached_tokens"]
             )
-            out.append(message_start(reused))
+            u = {"input_tokens": run.n_prompt - reused, "cache_creation_input_tokens": 0}
+            u |= {"cache_read_input_tokens": reused, "output_tokens": 0}
+            msg = _message(srv, mid, []) | {"stop_reason": None, "stop_sequence": None, "usage": u}
+            out += [_event("message_start", {"message": msg}), _event("ping", {})]
         if ev["type"] == "error":
             out.append(_event("error", {"error": {"type": "api_error", "message": ev["message"]}}))
             yield "".join(out)
             return
-        if ev["type"] == "delta":
-            if ev["reasoning"]:
-                if open_kind != "thinking":
-                    out.append(start({"type": "thinking", "thinking": "", "signature": ""}))
-                thinking.append(ev["reasoning"])
-                out.append(
-                    _event(
-                        "content_block_delta",
-                        {"index": index, "delta": {"type": "thinking_delta", "thinking": ev["reasoning"]}},
-                    )
-                )
-            if ev["content"]:
-                if open_kind != "text":
-                    if open_kind is not None:
-                        out.append(stop())
-                    out.append(start({"type": "text", "text": ""}))
-                out.append(
-                    _event(
-                        "content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": ev["content"]}}
-                    )
-                )
-            for c in ev["calls"]:
-                if open_kind is not None:
-                    out.append(stop())
-                fn = c["function"]
-                out.append(start({"type": "tool_use", "id": c["id"], "name": fn["name"], "input": {}}))
-                out.append(
-                    _event(
-                        "content_block_delta",
-                        {"index": index, "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]}},
-                    )
-                )
-                out.append(stop())
-        else:
-            if open_kind is not None:
-                out.append(stop())
-            delta = {"stop_reason": STOP_REASON[ev["finish_reason"]], "stop_sequence": ev["stop_word"]}
-            md = {"delta": delta, "usage": usage(ev["usage"])}
-            if ev.get("error"):
-                md["error"] = {"type": "constraint_failed", "message": ev["error"]}
-            out.append(_event("message_delta", md))
-            out.append(_event("message_stop", {}))
+        out += blocks.decoded(ev) if ev["type"] == "delta" else blocks.end(ev)
         if out:
             yield "".join(out)

@@ -423,113 +423,120 @@ async def retrieve(srv, request: Request):
     return srv.json(got[1])
 
 
+class _Stream:
+    """The Responses SSE of one reply: the events' sequence numbers, the output items done so far
+    and the open one ({"item", "index", "text"})."""
+
+    def __init__(self, srv, rid: str, created: int, body: dict, req: ChatRequest, out: Output):
+        self.srv, self.rid, self.created, self.body, self.req, self.out = srv, rid, created, body, req, out
+        self.seq = 0
+        self.items: list[dict] = []
+        self.cur: dict | None = None
+
+    def event(self, kind: str, data: dict) -> str:
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': self.seq - 1, **data})}\n\n"
+
+    def resp(self, status: str, u=None) -> dict:
+        items = list(self.items) if status != "in_progress" else []
+        return _response(self.srv, self.rid, self.created, self.body, self.req, status, items, u)
+
+    def open_item(self, item: dict) -> str:
+        self.cur = {"item": item, "index": len(self.items), "text": []}
+        s = self.event("response.output_item.added", {"output_index": self.cur["index"], "item": item})
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            ref = {"item_id": item["id"], "output_index": self.cur["index"], "content_index": 0}
+            s += self.event("response.content_part.added", ref | {"part": part})
+        return s
+
+    def close_item(self, status: str = "completed") -> str:
+        item, i, text = self.cur["item"], self.cur["index"], "".join(self.cur["text"])
+        ref = {"item_id": item["id"], "output_index": i, "content_index": 0}
+        s = ""
+        if item["type"] == "reasoning":
+            s += self.event("response.reasoning_text.done", ref | {"text": text})
+            done = self.out.reasoning(text) | {"id": item["id"]}
+        else:
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            s += self.event("response.output_text.done", ref | {"text": text, "logprobs": []})
+            s += self.event("response.content_part.done", ref | {"part": part})
+            done = item | {"status": status, "content": [part]}
+        s += self.event("response.output_item.done", {"output_index": i, "item": done})
+        self.items.append(done)
+        self.cur = None
+        return s
+
+    def text(self, kind: str, text: str) -> list[str]:
+        """A reasoning or message delta, opening its item (and closing another) first."""
+        o = []
+        if self.cur is None or self.cur["item"]["type"] != kind:
+            if self.cur is not None:
+                o.append(self.close_item())
+            new = ({"type": "reasoning", "id": "rs_" + secrets.token_hex(12), "summary": []} if kind == "reasoning"
+                   else {**self.out.message("", "in_progress"), "content": []})  # fmt: skip
+            o.append(self.open_item(new))
+        self.cur["text"].append(text)
+        ref = {"item_id": self.cur["item"]["id"], "output_index": self.cur["index"], "content_index": 0, "delta": text}
+        if kind == "reasoning":
+            o.append(self.event("response.reasoning_text.delta", ref))
+        else:
+            o.append(self.event("response.output_text.delta", ref | {"logprobs": []}))
+        return o
+
+    def call(self, c: dict) -> list[str]:
+        """A function call: its item whole (added, arguments delta and done, item done)."""
+        o = [self.close_item()] if self.cur is not None else []
+        item = self.out.call(c, "in_progress") | {"arguments": ""}
+        i = len(self.items)
+        o.append(self.event("response.output_item.added", {"output_index": i, "item": item}))
+        args = c["function"]["arguments"]
+        ref = {"item_id": item["id"], "output_index": i}
+        o.append(self.event("response.function_call_arguments.delta", ref | {"delta": args}))
+        o.append(self.event("response.function_call_arguments.done", ref | {"arguments": args, "name": item["name"]}))
+        done = item | {"arguments": args, "status": "completed"}
+        o.append(self.event("response.output_item.done", {"output_index": i, "item": done}))
+        self.items.append(done)
+        return o
+
+    def end(self, ev: dict, conv: list) -> list[str]:
+        cut = ev["finish_reason"] == "length"
+        o = [self.close_item("incomplete" if cut else "completed")] if self.cur is not None else []
+        if not self.items:  # an empty reply is an empty message, as non-streamed
+            o.append(self.open_item({**self.out.message("", "in_progress"), "content": []}))
+            o.append(self.close_item("incomplete" if cut else "completed"))
+        status = "incomplete" if cut else ("failed" if ev.get("error") else "completed")
+        final = self.resp(status, usage(ev["usage"]))
+        if ev.get("error"):
+            final["error"] = {"code": "constraint_failed", "message": ev["error"]}
+        o.append(self.event(f"response.{status}", {"response": final}))
+        _remember(self.srv, self.rid, self.body, conv, ev["message"], final)
+        return o
+
+
 async def _sse(srv, run: ChatRun, rid: str, created: int, body: dict, req: ChatRequest, conv: list, out: Output):
     """response.created, response.in_progress; per output item output_item.added, its parts and
     deltas (reasoning_text, content_part + output_text, function_call_arguments), their .done
     events and output_item.done; then response.completed (or response.incomplete when cut at
     max_output_tokens) with usage and cached tokens. Every event has a sequence_number."""
-    seq = 0
-    items: list[dict] = []
-    cur: dict | None = None  # the open item: {"item", "index", "text"}
-
-    def event(kind: str, data: dict) -> str:
-        nonlocal seq
-        seq += 1
-        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq - 1, **data})}\n\n"
-
-    def resp(status: str, u=None) -> dict:
-        return _response(srv, rid, created, body, req, status, list(items) if status != "in_progress" else [], u)
-
-    def open_item(item: dict) -> str:
-        nonlocal cur
-        cur = {"item": item, "index": len(items), "text": []}
-        s = event("response.output_item.added", {"output_index": cur["index"], "item": item})
-        if item["type"] == "message":
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            s += event(
-                "response.content_part.added",
-                {"item_id": item["id"], "output_index": cur["index"], "content_index": 0, "part": part},
-            )
-        return s
-
-    def close_item(status: str = "completed") -> str:
-        nonlocal cur
-        item, i, text = cur["item"], cur["index"], "".join(cur["text"])
-        ref = {"item_id": item["id"], "output_index": i, "content_index": 0}
-        s = ""
-        if item["type"] == "reasoning":
-            s += event("response.reasoning_text.done", ref | {"text": text})
-            done = out.reasoning(text) | {"id": item["id"]}
-        else:
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            s += event("response.output_text.done", ref | {"text": text, "logprobs": []})
-            s += event("response.content_part.done", ref | {"part": part})
-            done = item | {"status": status, "content": [part]}
-        s += event("response.output_item.done", {"output_index": i, "item": done})
-        items.append(done)
-        cur = None
-        return s
-
-    s = event("response.created", {"response": resp("in_progress")})
-    yield s + event("response.in_progress", {"response": resp("in_progress")})
+    st = _Stream(srv, rid, created, body, req, out)
+    s = st.event("response.created", {"response": st.resp("in_progress")})
+    yield s + st.event("response.in_progress", {"response": st.resp("in_progress")})
     async for ev in run.events():
-        o = []
         if ev["type"] == "error":
-            err = {"code": "server_error", "message": ev["message"]}
-            failed = resp("failed") | {"error": err}
-            yield event("error", {"code": "server_error", "message": ev["message"], "param": None}) + event(
+            failed = st.resp("failed") | {"error": {"code": "server_error", "message": ev["message"]}}
+            yield st.event("error", {"code": "server_error", "message": ev["message"], "param": None}) + st.event(
                 "response.failed", {"response": failed}
             )
             return
+        o = []
         if ev["type"] == "delta":
             for kind, text in (("reasoning", ev["reasoning"]), ("message", ev["content"])):
-                if not text:
-                    continue
-                if cur is None or cur["item"]["type"] != kind:
-                    if cur is not None:
-                        o.append(close_item())
-                    o.append(
-                        open_item(
-                            {"type": "reasoning", "id": "rs_" + secrets.token_hex(12), "summary": []}
-                            if kind == "reasoning"
-                            else {**out.message("", "in_progress"), "content": []}
-                        )
-                    )
-                cur["text"].append(text)
-                ref = {"item_id": cur["item"]["id"], "output_index": cur["index"], "content_index": 0, "delta": text}
-                o.append(
-                    event(
-                        "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta",
-                        ref | ({"logprobs": []} if kind == "message" else {}),
-                    )
-                )
+                if text:
+                    o += st.text(kind, text)
             for c in ev["calls"]:
-                if cur is not None:
-                    o.append(close_item())
-                item = out.call(c, "in_progress") | {"arguments": ""}
-                i = len(items)
-                o.append(event("response.output_item.added", {"output_index": i, "item": item}))
-                args = c["function"]["arguments"]
-                ref = {"item_id": item["id"], "output_index": i}
-                o.append(event("response.function_call_arguments.delta", ref | {"delta": args}))
-                o.append(
-                    event("response.function_call_arguments.done", ref | {"arguments": args, "name": item["name"]})
-                )
-                done = item | {"arguments": args, "status": "completed"}
-                o.append(event("response.output_item.done", {"output_index": i, "item": done}))
-                items.append(done)
+                o += st.call(c)
         else:
-            cut = ev["finish_reason"] == "length"
-            if cur is not None:
-                o.append(close_item("incomplete" if cut else "completed"))
-            if not items:  # an empty reply is an empty message, as non-streamed
-                o.append(open_item({**out.message("", "in_progress"), "content": []}))
-                o.append(close_item("incomplete" if cut else "completed"))
-            status = "incomplete" if cut else ("failed" if ev.get("error") else "completed")
-            final = resp(status, usage(ev["usage"]))
-            if ev.get("error"):
-                final["error"] = {"code": "constraint_failed", "message": ev["error"]}
-            o.append(event(f"response.{status}", {"response": final}))
-            _remember(srv, rid, body, conv, ev["message"], final)
+            o += st.end(ev, conv)
         if o:
             yield "".join(o)
