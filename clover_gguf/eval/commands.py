@@ -589,6 +589,116 @@ def tools_cmd(reference, ggufs, heldout, limit, modes, max_new_tokens, block_siz
     click.echo(f"wrote {Path(out_dir) / 'report.md'}")
 
 
+def _csv_ints(name: str):
+    def parse(ctx, param, value):
+        try:
+            out = tuple(int(x) for x in str(value).split(",") if x.strip())
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: comma-separated integers expected") from None
+        if not out:
+            raise click.BadParameter(f"{value!r}: at least one value")
+        return out
+
+    return parse
+
+
+@eval_group.command("memory")
+@click.option(
+    "--reference",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="The BF16 model dir (safetensors + config.json + tokenizer): the free-decoding baseline.",
+)
+@click.argument("ggufs", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--block-sizes",
+    default="8,16,32,64",
+    show_default=True,
+    callback=_csv_ints("block-sizes"),
+    help="Block sizes (generation and prefill), one run of every trace each.",
+)
+@click.option(
+    "--n-results",
+    default="1,4,16,64",
+    show_default=True,
+    callback=_csv_ints("n-results"),
+    help="Tool results between the fact (or instruction) and the final request.",
+)
+@click.option(
+    "--seeds", default=3, show_default=True, type=POS, help="Independent draws of the traces (median, p10, p90)."
+)
+@click.option("--traces", default=1, show_default=True, type=POS, help="Traces per kind and seed.")
+@click.option(
+    "--kinds",
+    default=",".join(("recall_request", "recall_result", "comply_tests", "comply_grep", "comply_sentence")),
+    show_default=True,
+    help="Trace kinds (train/memory_traces.py).",
+)
+@click.option(
+    "--controls/--no-controls",
+    default=True,
+    show_default=True,
+    help="Also run the compliance traces without their instruction (the rule's base rate).",
+)
+@click.option(
+    "--probe/--no-probe",
+    default=True,
+    show_default=True,
+    help="Recall traces: also score the fact's path against paths the trace never mentions (a likelihood).",
+)
+@click.option(
+    "--modes",
+    default="free,constrained",
+    show_default=True,
+    help="Decoding of the GGUFs: free, constrained (the server's tool_choice auto grammar), or both.",
+)
+@click.option("--max-new-tokens", default=64, show_default=True, type=option_type("max_new_tokens"))
+@click.option(
+    "--steps", type=option_type("steps"), default=None, help="steps schedule (default: the threshold schedule)."
+)
+@click.option("--threshold", default=DEFAULT_THRESHOLD, show_default=True, type=UNIT)
+@click.option("--temperature", default=0.0, show_default=True, type=option_type("temperature"))
+@click.option("--first-seed", default=0, show_default=True, type=option_type("seed"), help="The first trace seed.")
+@click.option("--threads", type=THREADS, default=None)
+@click.option("--name", "names", multiple=True, help="Display name per GGUF, in order.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/eval/memory", show_default=True)
+def memory_cmd(reference, ggufs, block_sizes, n_results, seeds, traces, kinds, controls, probe, modes,
+               max_new_tokens, steps, threshold, temperature, first_seed, threads, names, out_dir):  # fmt: skip
+    """Memory after N tool results: exact recall of an early fact and compliance with an early
+    instruction in long synthetic agent traces (held-out files), by distance in tokens and block
+    size, with tokens per step beside them; median and p10/p90 over seeds.
+
+    \b
+    clover-gguf eval memory --reference models/clover-tiny-v3-wip a.gguf b.gguf --threads 1
+    clover-gguf eval memory --reference models/clover-tiny-v3-wip a.gguf --block-sizes 16 --n-results 1,4 --seeds 1
+    clover-gguf eval memory --reference models/clover-tiny-v3-wip a.gguf --modes constrained --traces 2
+    """
+    import torch
+
+    from .quality.memory import MemoryConfig, run_memory
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = MemoryConfig(
+        block_sizes=block_sizes,
+        n_results=n_results,
+        seeds=seeds,
+        first_seed=first_seed,
+        traces=traces,
+        kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
+        controls=controls,
+        probe=probe,
+        modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+        max_new_tokens=max_new_tokens,
+        steps=steps,
+        threshold=threshold,
+        temperature=temperature,
+        threads=threads,
+    )
+    run_memory(reference, list(ggufs), cfg, out_dir, names=list(names) or None, log=click.echo)
+    click.echo(f"wrote {Path(out_dir) / 'report.md'}")
+
+
 @eval_group.command("agent")
 @click.argument("model", required=False, type=InputPath(dir_okay=False))
 @click.option("--url", help="A running clover-gguf serve (default http://127.0.0.1:8080 when no MODEL is given).")
@@ -705,8 +815,8 @@ def throughput_cmd(model, parallel, runs, requests, max_tokens, block_size, step
     help="Output folder (default: the JSON's folder).",
 )
 def report_command(run_json, out_dir):
-    """Render a saved eval JSON (quality, speed, sensitivity, bundle, tools, passes, agent or
-    throughput) to Markdown + PNG."""
+    """Render a saved eval JSON (quality, speed, sensitivity, bundle, tools, memory, passes, agent
+    or throughput) to Markdown + PNG."""
     from .render.report import render
 
     click.echo(f"wrote {render(run_json, out_dir)}")

@@ -4,7 +4,7 @@
 the run's ``kind``; ``clover-gguf eval report RUN.json [-o DIR]`` calls it on a saved file. Kinds
 "quality", "speed", "sensitivity" and "bundle" (``sections`` holding any of the three, the
 baseline's) share one report, composed here from each section's renderer with a summary table
-on top; "tools", "agent", "passes" and "throughput" have reports of their own (RENDERERS).
+on top; "tools", "memory", "agent", "passes" and "throughput" have reports of their own (RENDERERS).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from ...outputs import write_text
 from .agent import render_agent
 from .helpers import MiB, config_markdown, fmt_num, md_table
+from .memory import render_memory
 from .passes import render_passes
 from .quality import quality_section
 from .sensitivity import sensitivity_section
@@ -113,7 +114,13 @@ def render_sections(run: dict, out: Path, title: str | None = None) -> Path:
 
 
 # The kinds with a report of their own; the others are quality, speed, sensitivity or a bundle.
-RENDERERS = {"agent": render_agent, "passes": render_passes, "throughput": render_throughput, "tools": render_tools}
+RENDERERS = {
+    "agent": render_agent,
+    "memory": render_memory,
+    "passes": render_passes,
+    "throughput": render_throughput,
+    "tools": render_tools,
+}
 
 
 def render(run: dict | str | Path, out_dir: str | Path | None = None, title: str | None = None) -> Path:
