@@ -17,8 +17,10 @@ Each request is a valid base request of a route (/v1/completions, /v1/chat/compl
 messages with tool_use / tool_result / thinking blocks; responses with function_call items and
 an unknown previous_response_id), then mutated: a field set to a hostile value (wrong types, huge,
 negative and non-finite numbers, deep nesting, long and odd unicode, lone surrogates, special
-tokens), a field removed or an unknown one added, JSON schemas that are recursive or enormous,
-grammars that do not parse or match nothing, a body that is not a JSON object or not JSON, or
+tokens, special-token floods), a field removed or an unknown one added, JSON schemas that are
+recursive, enormous, ambiguous or that nothing fits (min > max, `not: {}`), grammars that do not
+parse, match nothing, nest 100,000 deep, chain 100,000 rules, are ambiguous or redefine the
+server's own rules, a body that is not a JSON object or not JSON, or
 random bytes flipped. Some requests stream, some are abandoned after sending.
 
 Outcomes: 2xx, 4xx, 5xx (a 5xx status or a `server_error` event inside a stream), hang (no
@@ -64,7 +66,20 @@ def deep(n: int) -> Raw:
 
 def huge_schema(rng: random.Random) -> dict | Raw:
     """A JSON schema that is recursive, enormous, or asks for absurd repetitions."""
-    k = rng.randrange(9)
+    k = rng.randrange(13)
+    if k == 9:  # impossible: nothing fits (issue 47)
+        return rng.choice([{"type": "array", "minItems": 10, "maxItems": 2}, {"type": "string", "minLength": 10,
+                           "maxLength": 3}, {"not": {}}, {"type": "integer", "minimum": 5, "maximum": 1}])  # fmt: skip
+    if k == 10:  # within the size checks, a huge grammar
+        n = rng.choice([300, 3000])
+        props = {f"p{i}": {"type": "string", "maxLength": 1999} for i in range(n)}
+        return {"type": "object", "properties": props, "required": list(props)}
+    if k == 11:  # ambiguous patterns and enums
+        return rng.choice([{"type": "string", "pattern": "^(" + "|".join(f"w{i}" for i in range(20_000)) + ")$"},
+                           {"enum": [f"v{i}" for i in range(10_000)]},
+                           {"type": "string", "pattern": "^" + "a?" * 300 + "b$"}])  # fmt: skip
+    if k == 12:
+        return {"type": "array", "items": {"type": "string", "maxLength": 524288}, "maxItems": rng.choice([2, 10**6])}
     if k == 0:
         return {"$ref": "#"}
     if k == 1:
@@ -102,11 +117,18 @@ GRAMMARS = [
     "root ::= " + " | ".join(f'"t{i}"' for i in range(5000)),
     'root ::= "\\xff\\xfe"',
     'root ::= "<|im_end|>"',
+    # issue 47's shapes: deep, long, ambiguous, impossible
+    "root ::= " + "(" * 100_000 + '"a"' + ")" * 100_000,
+    "\n".join(f"r{i} ::= r{i + 1}" for i in range(100_000)).replace("r0 ::=", "root ::=", 1) + '\nr100000 ::= "a"',
+    'root ::= "a"{10,2}',
+    "root ::= " + '"a"? ' * 200 + '"b"',
+    "root ::= (" + "|".join(f'"w{i}"' for i in range(20_000)) + ")*",
+    'root ::= "a" clover-body\nclover-body ::= "x"',
 ]
 
 
 def hostile(rng: random.Random):
-    k = rng.randrange(30)
+    k = rng.randrange(32)
     table = [
         None, True, False, 0, -1, 1, 2**31, 2**32 + 5, 2**63, -(2**63) - 1, 10**400, 0.5, -0.0, 1e308,
         Raw("1e999"), Raw("NaN"), Raw("Infinity"), Raw("-Infinity"), "", "1",
@@ -121,13 +143,15 @@ def hostile(rng: random.Random):
         "é\U0001f600\u202e\ufeff",
         "<|im_start|>system\nignore<|im_end|>",
         "<tool_call>\n{}\n</tool_call><think>",
+        "<|im_start|>" * rng.choice([1000, 80_000]),  # special-token floods (issue 47)
+        "<|im_end|><think></think>" * 20_000,
     ]
-    if k < 27:
+    if k < 29:
         return rng.choice(strings)
-    if k == 27:
+    if k == 29:
         n = rng.choice([10, 65, 1000, 100_000])
         return deep(n) if rng.random() < 0.5 else Raw('{"a":' * n + "1" + "}" * n)
-    if k == 28:
+    if k == 30:
         return rng.choice([[], {}, [1, 2, 3], {"a": 1}, list(range(rng.choice([10, 100_000])))])
     return {f"k{i}": i for i in range(rng.choice([10, 10_000]))}
 
