@@ -433,6 +433,18 @@ class _Group:
         self.last = time.perf_counter()
         return out
 
+    def close_gaps(self) -> None:
+        """Move the runs whose prompt is committed onto sequences 0..k-1 (a job cancelled or
+        failed while its prompt was committed leaves a gap): generate_batch's i-th prompt is on
+        sequence i."""
+        rt = self.e.rt
+        for i, seq in enumerate(sorted(self.runs)):
+            if seq != i:
+                rt.load_state(rt.save_state(seq), i)
+                run = self.runs.pop(seq)
+                run.seq = i
+                self.runs[i] = run
+
     def after_step(self, i: int) -> bool:
         self.last = time.perf_counter()
         return self.runs[i].after_step()
@@ -441,11 +453,14 @@ class _Group:
         e, runs = self.e, self.runs
         # nothing decodes yet: prompts are committed whole, the shortest first (the others wait
         # for them, not the other way round)
-        for seq, job in enumerate(jobs):
+        for job in jobs:
+            seq = len(self.prefilling)  # generate_batch puts its i-th prompt on sequence i
             if (p := self.admit(job, seq)) is not None:
                 self.prefilling[seq] = p
-        first = [runs[p.seq] for p in sorted(self.prefilling.values(), key=lambda p: p.end - p.pos)
-                 if self.advance(p, None)]  # fmt: skip
+        for p in sorted(self.prefilling.values(), key=lambda p: p.end - p.pos):
+            self.advance(p, None)
+        self.close_gaps()
+        first = [runs[i] for i in sorted(runs)]
         if not first:
             return
         e.counters["groups"] += 1

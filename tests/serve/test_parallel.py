@@ -172,3 +172,40 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_others(tiny_gguf, tmp_p
         assert q_out["choices"][0]["text"] == expect(rt.tokenize("import os\n"), B)[1]
         assert s_out["choices"][0]["text"] == expect(rt.tokenize("def add(a, b):\n"), 8 * B, steps=B)[1]
         assert b_out["choices"][0]["text"] == expect(long_ids, B)[1]
+
+
+@pytest.mark.parametrize("cancelled", [0, 1])
+def test_a_job_cancelled_in_a_group_leaves_the_others_right(tiny_gguf, expect, cancelled):
+    """Jobs that waited together, one of them cancelled before its prompt is committed: the others
+    decode on sequences 0..k-1 as generate_batch numbers them, each getting what it gets alone (the
+    long server fuzz campaign found a KeyError there when the first job was the one cancelled)."""
+    from clover_gguf.reference.generate import GenerationConfig
+    from clover_gguf.runtime.runtime import CloverRuntime
+    from clover_gguf.serve.engine import Engine, Job
+
+    rt = CloverRuntime(tiny_gguf, n_threads=1, n_seq_max=4)
+    try:
+        B = rt.default_block_size
+        eng = Engine(rt, parallel=3)
+        prompts = ["def add(a, b):\n", "import os\n", "class Stack:\n"]
+        events: list[list[dict]] = [[], [], []]
+        jobs = []
+        for i, p in enumerate(prompts):
+
+            def emit(ev, i=i):
+                events[i].append(ev)
+                if i == cancelled and ev["type"] == "start":
+                    jobs[i].cancel()  # admitted, then gone before its prompt is committed
+
+            cfg = GenerationConfig(max_new_tokens=2 * B, block_size=B)
+            jobs.append(Job(prompt=rt.tokenize(p), cfg=cfg, emit=emit, cache=False))
+        eng.run_group(jobs)
+        for i, p in enumerate(prompts):
+            last = events[i][-1]
+            if i == cancelled:
+                assert last["type"] == "error" and last.get("status") == 499, events[i]
+            else:
+                assert last["type"] == "done", events[i]
+                assert last["text"] == expect(rt.tokenize(p), 2 * B)[1], (i, last)
+    finally:
+        rt.close()
