@@ -321,3 +321,42 @@ def test_penalties_and_logit_bias_through_the_server(server, oc):
         with pytest.raises(openai.BadRequestError) as ei:
             oc.chat.completions.create(**kw, **{field: v})
         assert ei.value.body["param"].startswith(field)
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses", "/v1/chat/completions"])
+def test_a_client_that_leaves_mid_reply_leaves_no_traceback(server, path):
+    """A non-streamed request whose client disconnects while it decodes ends as cancelled; the
+    answer no one reads is still built without an error (the long fuzz campaign found /v1/messages
+    raising KeyError on finish_reason "cancelled")."""
+    import socket
+    import time
+    import urllib.request
+
+    def stats():
+        req = urllib.request.Request(server.url + "/props", headers={"Authorization": f"Bearer {API_KEY}"})
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+            return json.loads(r.read())["stats"]
+
+    ask = "Write a long story about a parser."
+    body = {
+        "/v1/messages": {"max_tokens": 1024, "messages": [{"role": "user", "content": ask}]},
+        "/v1/responses": {"max_output_tokens": 1024, "input": ask},
+        "/v1/chat/completions": {"max_tokens": 1024, "messages": [{"role": "user", "content": ask}]},
+    }[path]
+    data = json.dumps({"model": "m", "stream": False, **body}).encode()
+    before = stats()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    time.sleep(1.0)  # it is decoding
+    s.close()
+    deadline = time.monotonic() + 60
+    while stats()["cancelled"] == before["cancelled"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    after = stats()
+    assert after["cancelled"] > before["cancelled"], after
+    assert after["server_errors"] == before["server_errors"], after
+    assert "Traceback" not in server.log_tail(200_000)

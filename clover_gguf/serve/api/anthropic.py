@@ -34,6 +34,7 @@ STOP_REASON = {
     "length": "max_tokens",
     "tool_calls": "tool_use",
     "error": "error",  # the constraint dead-ended; the body's `error` says so
+    "cancelled": "end_turn",  # its client has left: no one reads the answer
 }
 ERROR_TYPE = {
     "invalid_request_error": "invalid_request_error",
