@@ -58,17 +58,20 @@ def _string(n: int) -> tuple[Callable[[object], bool], str]:
     return (lambda v: isinstance(v, str) and len(v) <= n), f"a string of at most {n} characters"
 
 
-def _tags(keys: int = 64, chars: int = 512) -> tuple[Callable[[object], bool], str]:
+def _tags(keys: int = 64, chars: int = 16384) -> tuple[Callable[[object], bool], str]:
+    """A small object of scalars; values up to `chars` long (Codex's client_metadata carries its
+    turn's metadata as a JSON string of about 1,000 characters, and more with more workspaces)."""
+
     def ok(v):
         return (
             isinstance(v, dict)
             and len(v) <= keys
-            and all(isinstance(k, str) and len(k) <= chars for k in v)
+            and all(isinstance(k, str) and len(k) <= 512 for k in v)
             and all(isinstance(x, str | int | float | bool) or x is None for x in v.values())
             and all(len(x) <= chars for x in v.values() if isinstance(x, str))
         )
 
-    return ok, f"an object of at most {keys} keys with scalar values of at most {chars} characters"
+    return ok, f"an object of at most {keys} keys of at most 512 characters, with scalar values of at most {chars}"
 
 
 def _no_effect(note: str, bound: tuple[Callable[[object], bool], str]) -> Field:
@@ -178,7 +181,7 @@ ANTHROPIC_BLOCK: dict[str, Field] = {
 } | {
     "signature": _no_effect("a thinking block's signature is not checked", _string(1 << 20)),
     "data": _no_effect("a redacted thinking block is left out", _string(1 << 20)),
-    "cache_control": _no_effect("state reuse is automatic", _tags(8, 64)),
+    "cache_control": _no_effect("state reuse is automatic", _tags(8, 512)),
     "citations": Field(NO_EFFECT, note="no document is cited"),
 }
 

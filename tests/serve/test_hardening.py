@@ -5,6 +5,7 @@ grammar rules out of a request's reach, tool parameters an object schema."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import openai
@@ -197,4 +198,11 @@ def test_fields_with_no_effect_are_still_typed_and_bounded(server):
     status, r = raw(server.port, "POST", CH, nested)
     assert status == 413 and "JSON values" in r["error"]["message"], r
     status, r = _post(server, {"user": "alice", "metadata": {"session": "s1"}, "store": True})
+    assert status == 200, r
+    # what Codex 0.171 sends on /v1/responses: its turn metadata as a 1,100-character JSON string
+    turn = json.dumps({"installation_id": "b3e00ddb-794f-412d-bb9a-7a81dde87989", "workspaces": {
+        "/home/user/project": {"latest_git_commit_hash": "c" * 40, "has_changes": False}}, "pad": "x" * 900})  # fmt: skip
+    codex = {"x-codex-window-id": "01a25256:0", "session_id": "01a25256", "x-codex-turn-metadata": turn}
+    body = {"model": "x", "input": "hi", "max_output_tokens": 4, "client_metadata": codex, "store": False}
+    status, r = raw(server.port, "POST", "/v1/responses", body)
     assert status == 200, r
