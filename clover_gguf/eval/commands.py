@@ -574,7 +574,7 @@ def tools_cmd(reference, ggufs, heldout, limit, modes, max_new_tokens, block_siz
     cfg = ToolsConfig(
         heldout=heldout,
         limit=limit,
-        modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+        modes=_words(modes),
         max_new_tokens=max_new_tokens,
         block_size=block_size,
         steps=steps,
@@ -587,6 +587,11 @@ def tools_cmd(reference, ggufs, heldout, limit, modes, max_new_tokens, block_siz
     )
     run_tools(reference, list(ggufs), cfg, out_dir, names=list(names) or None, log=click.echo)
     click.echo(f"wrote {Path(out_dir) / 'report.md'}")
+
+
+def _words(value: str) -> tuple[str, ...]:
+    """A comma-separated option's items."""
+    return tuple(w.strip() for w in value.split(",") if w.strip())
 
 
 def _csv_ints(name: str):
@@ -685,10 +690,10 @@ def memory_cmd(reference, ggufs, block_sizes, n_results, seeds, traces, kinds, c
         seeds=seeds,
         first_seed=first_seed,
         traces=traces,
-        kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
+        kinds=_words(kinds),
         controls=controls,
         probe=probe,
-        modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+        modes=_words(modes),
         max_new_tokens=max_new_tokens,
         steps=steps,
         threshold=threshold,

@@ -91,5 +91,15 @@ class Server:
             self.log(f"clover-gguf serve: ignoring request fields no table knows: {', '.join(new)}")
         return {IGNORED_HEADER: ", ".join(names)[:2000]}
 
+    def headers(self, route: str, ignored: list[str], left_out: list[str], why: str) -> dict:
+        """The answer's headers naming the fields ignored and the tools left out of the prompt
+        (`why` they were: server tools, not functions), the latter logged."""
+        h = self.ignore(ignored)
+        if left_out:
+            h["x-clover-left-out-tools"] = ", ".join(left_out)[:2000]
+            if self.log is not None:
+                self.log(f"clover-gguf serve: {route}: tools left out of the prompt ({why}): {', '.join(left_out)}")
+        return h
+
     def json(self, body: dict, headers: dict | None = None) -> JSONResponse:
         return JSONResponse(body, headers=headers or None)

@@ -297,14 +297,7 @@ def chat_request(srv, body: dict, ignored: list[str], left_out: list[str], count
 
 
 def _headers(srv, ignored: list[str], left_out: list[str]) -> dict:
-    h = srv.ignore(ignored)
-    if left_out:
-        h["x-clover-left-out-tools"] = ", ".join(left_out)[:2000]
-        if srv.log is not None:
-            srv.log(
-                f"clover-gguf serve: /v1/messages: tools left out of the prompt (server tools): {', '.join(left_out)}"
-            )
-    return h
+    return srv.headers("/v1/messages", ignored, left_out, "server tools")
 
 
 def _overflow(e: ContextOverflow) -> BadRequest:

@@ -278,14 +278,7 @@ def chat_request(srv, body: dict, left_out: list[str], ignored: list[str]) -> tu
 
 
 def _headers(srv, ignored: list[str], left_out: list[str]) -> dict:
-    h = srv.ignore(ignored)
-    if left_out:
-        h["x-clover-left-out-tools"] = ", ".join(left_out)[:2000]
-        if srv.log is not None:
-            srv.log(
-                f"clover-gguf serve: /v1/responses: tools left out of the prompt (not functions): {', '.join(left_out)}"
-            )
-    return h
+    return srv.headers("/v1/responses", ignored, left_out, "not functions")
 
 
 class Output:
