@@ -10,7 +10,8 @@ the server lived. Writes JSON + Markdown; a benchmark (figures), not a test.
 The criteria of the issue, checked per attack: a concurrent plain request completes within 2x
 its idle latency (median over the plain requests sent during the attack), the server's memory
 stays within 1 GiB of its idle size, no attack request runs more than 5 s past its own
-generation (its time minus the generation time the answer reports), and no crash. Run it on a
+generation (its time minus the prefill and generation times the answer reports: waiting for
+others counts), and no crash. Run it on a
 quiet machine: latencies are wall-clock.
 """
 
@@ -146,8 +147,8 @@ def run_attack(url: str, pid: int, copies: int, reqs: list, idle: float, plain_n
     w.join()
     past = []
     for _status, out, dt in res:
-        gen = ((out.get("usage") or {}).get("clover") or {}).get("timings", {}).get("generation_ms", 0) / 1e3
-        past.append(dt - gen)
+        t = ((out.get("usage") or {}).get("clover") or {}).get("timings", {})
+        past.append(dt - (t.get("prefill_ms", 0) + t.get("generation_ms", 0)) / 1e3)  # its own work out
     alive = post(url, "/health", b"{}", 10)[0] in (200, 405) or _health(url)
     med = statistics.median(lat)
     return {

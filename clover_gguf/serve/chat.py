@@ -22,7 +22,7 @@ from fastapi import Request
 
 from .decoding import Decoding, Sampling, sampling
 from .engine import Job
-from .http import BadRequest, Pending, job_error
+from .http import BadRequest, Pending, job_error, unless_gone
 from .text import split_reasoning
 from .tools import ChatDeltas, Constraint, chat_message
 
@@ -256,7 +256,7 @@ class ChatRun:
 
     async def render(self) -> ChatPrompt:
         srv = self.srv
-        self.cp = await prepare_chat(srv, self.req, srv.config.ctx_size)
+        self.cp = await unless_gone(self.request, prepare_chat(srv, self.req, srv.config.ctx_size))
         if len(self.cp.ids) > srv.config.ctx_size:
             raise ContextOverflow(len(self.cp.ids), srv.config.ctx_size, self.req.name("messages"))
         return self.cp

@@ -15,10 +15,13 @@ a hostile template filled the thread pool).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import multiprocessing as mp
 import os
 import threading
 import time
+from collections import OrderedDict
 
 from .http import BadRequest
 
@@ -26,6 +29,7 @@ PREP_TIMEOUT = 4.0  # seconds one job may take (a request ends within 5 s of its
 PREP_QUEUE_WAIT = 1.0  # seconds a request may wait for a free worker before a 503
 STEP_BUDGET_X, STEP_BUDGET_MIN = 20.0, 0.05  # one constrained position: x a JSON grammar's, seconds
 MEMORY_HEADROOM = 1 << 30  # bytes a worker may add to what it holds when ready
+DONE_KEPT = 64  # constraints remembered (an agent's tools, each turn)
 
 
 def _rlimit_as(extra: int) -> None:
@@ -87,6 +91,7 @@ def _serve(path: str, conn, headroom: int, budget: float) -> None:
     """A worker: load the vocabulary, cap memory, answer jobs until the pipe closes."""
     from ..runtime.vocab import Vocab
 
+    os.nice(10)  # the engine's decoding comes first when preparation and decoding share the cores
     v = Vocab.open(path)
     v.step_budget = budget
     v.tokenize("<|im_start|>")  # the special-token table, and the longest token
@@ -139,12 +144,16 @@ class _Worker:
 class Pool:
     """n workers for one kind of job; `run` waits for a free one."""
 
-    def __init__(self, name: str, path: str, n: int, timeout: float, headroom: int, budget: float):
+    def __init__(self, name: str, path: str, n: int, timeout: float, headroom: int, budget: float, shared=()):
         self.name, self.path, self.timeout, self.headroom, self.budget = name, path, timeout, headroom, budget
         self.ctx = _context()
         self.workers = [_Worker(self.ctx, path, headroom, budget) for _ in range(n)]
         self._free: asyncio.Queue | None = None
+        self.shared = frozenset(shared)
+        self._done: OrderedDict[str, tuple] = OrderedDict()  # key -> (status, out) of a finished job
+        self._inflight: dict[str, list] = {}  # key -> [task, requests waiting]
         self.killed = 0
+        self.jobs = self.reused = 0  # jobs sent to a worker; answered by an equal job's result
         self._lock = threading.Lock()
 
     def wait_ready(self) -> None:
@@ -152,6 +161,46 @@ class Pool:
             w.wait_ready()
 
     async def run(self, kind: str, args: tuple, param: str | None, what: str):
+        """The job's result (its error raised as the request's 400). With `shared` kinds, a job
+        equal to one done lately is answered from memory and one equal to a job in flight waits
+        for that job (agents send the same tools every turn, often at once); the job is cancelled
+        when the last request waiting for it leaves."""
+        key = _key(kind, args) if kind in self.shared else None
+        if key is None:
+            return await self._run(kind, args, param, what)
+        if key in self._done:
+            self.reused += 1
+            self._done.move_to_end(key)
+            status, out = self._done[key]
+            if status == "err":
+                _raise(*out, param, what)
+            return out
+        job = self._inflight.get(key)
+        self.reused += job is not None
+        if job is None:
+            job = self._inflight[key] = [asyncio.ensure_future(self._run(kind, args, param, what, raw=True)), 0]
+            job[0].add_done_callback(lambda t: self._finished(key, t))
+        job[1] += 1
+        try:
+            status, out = await asyncio.shield(job[0])
+        except asyncio.CancelledError:
+            job[1] -= 1
+            if job[1] == 0:
+                job[0].cancel()
+            raise
+        if status == "err":
+            _raise(*out, param, what)
+        return out
+
+    def _finished(self, key: str, task: asyncio.Future) -> None:
+        self._inflight.pop(key, None)
+        if not task.cancelled() and task.exception() is None:
+            self._done[key] = task.result()
+            while len(self._done) > DONE_KEPT:
+                self._done.popitem(last=False)
+
+    async def _run(self, kind: str, args: tuple, param: str | None, what: str, raw: bool = False):
+        self.jobs += 1
         if self._free is None:
             self._free = asyncio.Queue()
             for w in self.workers:
@@ -183,6 +232,8 @@ class Pool:
             self._replace(w)
             raise BadRequest(f"{what} failed: the worker preparing it stopped", param) from None
         self._free.put_nowait(w)
+        if raw:
+            return status, out
         if status == "err":
             _raise(*out, param, what)
         return out
@@ -211,6 +262,15 @@ class Pool:
             w.kill()
 
 
+def _key(kind: str, args: tuple) -> str | None:
+    """A job's identity: its kind and arguments as JSON (None when they are not JSON)."""
+    try:
+        text = json.dumps([kind, args], sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def _raise(cls: str, message: str, field: str | None, param: str | None, what: str):
     """The worker's error as the request's 400: a FieldError names its own field."""
     if cls in ("FieldError", "BadRequest", "FieldProblem"):
@@ -234,7 +294,7 @@ class Prep:
     def __init__(
         self, path: str, budget: float, n: int = 2, timeout: float = PREP_TIMEOUT, headroom: int = MEMORY_HEADROOM
     ):
-        self.constraints = Pool("constraints", path, n, timeout, headroom, budget)
+        self.constraints = Pool("constraints", path, n, timeout, headroom, budget, shared=("constraint",))
         self.templates = Pool("templates", path, n, timeout, headroom, budget)
 
     def wait_ready(self) -> None:
@@ -242,7 +302,8 @@ class Prep:
         self.templates.wait_ready()
 
     def stats(self) -> dict:
-        return {"prep_workers_replaced": self.constraints.killed + self.templates.killed}
+        return {"prep_workers_replaced": self.constraints.killed + self.templates.killed,
+                "prep_constraint_jobs": self.constraints.jobs, "prep_constraints_reused": self.constraints.reused}  # fmt: skip
 
     def close(self) -> None:
         self.constraints.close()

@@ -206,3 +206,53 @@ def test_fields_with_no_effect_are_still_typed_and_bounded(server):
     body = {"model": "x", "input": "hi", "max_output_tokens": 4, "client_metadata": codex, "store": False}
     status, r = raw(server.port, "POST", "/v1/responses", body)
     assert status == 200, r
+
+
+def test_equal_constraints_are_built_once(server):
+    """A request whose tools equal an earlier one's reuses its built constraint (agents send the
+    same tools every turn), and equal requests sent together share one job."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import API_KEY
+
+    def stats():
+        return raw(server.port, "GET", "/props", key=API_KEY)[1]["stats"]
+
+    props = {f"p{i}": {"type": "string", "maxLength": 64} for i in range(3)}
+    tools = [{"type": "function", "function": {"name": f"f{k}", "parameters": {"type": "object", "properties": props}}}
+             for k in range(2)]  # fmt: skip
+    body = {"tools": tools, "tool_choice": "required"}
+    before = stats()
+    status, r = _post(server, body)
+    assert status == 200, r
+    with ThreadPoolExecutor(4) as ex:
+        assert [s for s, _ in ex.map(lambda _: _post(server, body, 30), range(4))] == [200] * 4
+    after = stats()
+    assert after["prep_constraint_jobs"] - before["prep_constraint_jobs"] == 1, (before, after)
+    assert after["prep_constraints_reused"] - before["prep_constraints_reused"] == 4, (before, after)
+
+
+def test_a_slow_constraint_is_killed_when_its_client_leaves(server):
+    """An ambiguous grammar whose client disconnects while its worker measures it: the job is killed
+    with its worker (replaced) at once, not after the 4 s budget."""
+    import json
+    import socket
+
+    from conftest import API_KEY
+
+    def replaced():
+        return raw(server.port, "GET", "/props", key=API_KEY)[1]["stats"]["prep_workers_replaced"]
+
+    before = replaced()
+    body = {"model": "x", "messages": USER, "max_tokens": 8, "grammar": "root ::= " + ' "a"?' * 150 + ' "c"'}
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(f"POST {CH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)  # fmt: skip
+    time.sleep(0.3)
+    s.close()
+    t0 = time.monotonic()
+    while replaced() == before and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert replaced() == before + 1
+    assert time.monotonic() - t0 < 3.0, "the job ran on after its client left"
