@@ -240,7 +240,7 @@ def main(argv=None) -> int:
         f"`-t {a.threads} --parallel 4 -c 65536`; load average {', '.join(f'{x:.2f}' for x in run['load_average'])}.",
         f"Idle: a plain request ({PLAIN[1]['max_tokens']} tokens of `/v1/completions`) takes {idle * 1e3:.0f} ms "
         f"(median of {a.plain}); the server and its preparation workers hold {idle_rss:.0f} MiB.", "",
-        "| attack | copies | answers | attack time, max | plain request during it (x idle) | memory added | past its generation, max | ok |",
+        "| attack | copies | answers | attack time, max | plain request during it (x idle) | memory added | past its own prefill and generation, max | ok |",
         "|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, r in results.items():
