@@ -24,11 +24,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ...reference.generate import GenerationConfig
 from ...train import memory_traces as MT
 from .metrics import spread
-from .tool_blocks import IM_END, block_steps, token_labels
-from .tools import MODES, ReferenceDecoder, RuntimeDecoder, constrain, outside_call, parse_sections, split_turn
+from .tool_blocks import IM_END, gen_config
+from .tools import MODES, ReferenceDecoder, RuntimeDecoder, generate_turn, outside_call
 
 BLOCK_SIZES = (8, 16, 32, 64)
 N_RESULTS = (1, 4, 16, 64)
@@ -144,37 +143,15 @@ def make_turns(cfg: MemoryConfig, tok) -> list[dict]:
 # ----------------------------------------------------------------------------- one reply
 
 
-def generation_config(dec, cfg: MemoryConfig, block_size: int, seed: int) -> GenerationConfig:
-    return GenerationConfig(
-        max_new_tokens=cfg.max_new_tokens,
-        block_size=block_size,
-        steps=cfg.steps,
-        threshold=None if cfg.steps else cfg.threshold,
-        temperature=cfg.temperature,
-        seed=seed,
-        mask_token_id=dec.mask,
-        eos_token_id=dec.eos,
-    )
-
-
 def run_reply(dec, turn: dict, cfg: MemoryConfig, mode: str, block_size: int) -> dict:
     """Generate the final turn of one trace with this block size and read it."""
     t = turn["transcript"]
-    ids = dec.prompt(turn)
-    g = generation_config(dec, cfg, block_size, t["seed"])
-    if mode == "constrained":
-        g = constrain(dec, g, turn)
-    end_id = dec.token_id(IM_END)
-    res = dec.generate(ids, g, lambda toks, st: end_id not in toks)
-    pieces = [dec.text([x]) for x in res.tokens]
-    text = dec.text(res.tokens)
+    gt = generate_turn(dec, turn, gen_config(dec, cfg, t["seed"], block_size=block_size), mode)
+    ids, res, text, content, calls = gt.ids, gt.res, gt.text, gt.content, gt.sections
     ended = IM_END in text or dec.eos in res.tokens
-    _, content = split_turn(text, turn["thinking"])
-    calls = parse_sections(content, turn["tools"])
     score = MT.score_reply(t, calls, content, ended)
     if t["check"]["type"] == "one_sentence" and outside_call(content):
         score["compliance"] = False  # a call's JSON written as text is no answer
-    blocks = block_steps(res, token_labels(pieces, turn["thinking"]))
     return {
         "id": turn["id"],
         "kind": t["kind"],
@@ -192,7 +169,7 @@ def run_reply(dec, turn: dict, cfg: MemoryConfig, mode: str, block_size: int) ->
         "tokens": len(res.tokens),
         "steps": sum(b.steps for b in res.blocks),
         "committed": sum(b.n_tokens for b in res.blocks),
-        "call_blocks": blocks["call"],  # [tokens, steps] of the blocks mostly inside a call
+        "call_blocks": gt.blocks["call"],  # [tokens, steps] of the blocks mostly inside a call
     }
 
 

@@ -43,10 +43,14 @@ def block_steps(result, labels: list[str]) -> dict:
     return out
 
 
-def gen_config(dec, cfg, seed: int, max_new_tokens: int | None = None) -> GenerationConfig:
+def gen_config(
+    dec, cfg, seed: int, max_new_tokens: int | None = None, block_size: int | None = None
+) -> GenerationConfig:
+    """The eval's generation settings (cfg: a ToolsConfig or MemoryConfig); block_size, when
+    given, instead of cfg's (eval memory sweeps it)."""
     return GenerationConfig(
         max_new_tokens=max_new_tokens or cfg.max_new_tokens,
-        block_size=cfg.block_size or dec.block_size,
+        block_size=block_size or cfg.block_size or dec.block_size,
         steps=cfg.steps,
         threshold=None if cfg.steps else cfg.threshold,
         temperature=cfg.temperature,

@@ -225,29 +225,46 @@ def constrain(dec, g: GenerationConfig, turn: dict) -> GenerationConfig:
     return g
 
 
-def run_turn(dec, turn: dict, cfg: ToolsConfig, mode: str, seed: int) -> dict:
-    """Generate one assistant turn and read it: sections, matches, block classes."""
+@dataclass
+class Generated:
+    """An assistant turn generated after its transcript, up to <|im_end|>, and read."""
+
+    ids: list[int]  # the prompt
+    res: object  # the decoder's result (tokens, blocks)
+    text: str
+    content: str  # the text after any think block
+    sections: list[dict]  # parse_sections of the content
+    blocks: dict  # block_steps: [tokens, steps] per block class
+
+
+def generate_turn(dec, turn: dict, g: GenerationConfig, mode: str) -> Generated:
+    """Generate the turn with g (constrained: the server's tool_choice auto grammar) and read it."""
     ids = dec.prompt(turn)
-    g = gen_config(dec, cfg, seed)
     if mode == "constrained":
         g = constrain(dec, g, turn)
     end_id = dec.token_id(IM_END)
     res = dec.generate(ids, g, lambda toks, st: end_id not in toks)
-    pieces = [dec.text([t]) for t in res.tokens]
     text = dec.text(res.tokens)
-    reasoning, content = split_turn(text, turn["thinking"])
-    emitted = parse_sections(content, turn["tools"])
+    _, content = split_turn(text, turn["thinking"])
+    pieces = [dec.text([t]) for t in res.tokens]
+    blocks = block_steps(res, token_labels(pieces, turn["thinking"]))
+    return Generated(ids, res, text, content, parse_sections(content, turn["tools"]), blocks)
+
+
+def run_turn(dec, turn: dict, cfg: ToolsConfig, mode: str, seed: int) -> dict:
+    """Generate one assistant turn and read it: sections, matches, block classes."""
+    gt = generate_turn(dec, turn, gen_config(dec, cfg, seed), mode)
     return {
         "id": turn["id"],
         "mode": mode,
         "seed": seed,
-        "text": text.split(IM_END)[0],
-        "emitted": emitted,
-        "outside_call": outside_call(content),
-        "matched": match_calls(turn["expected"], emitted),
-        "blocks": block_steps(res, token_labels(pieces, turn["thinking"])),
-        "prompt_tokens": len(ids),
-        "tokens": len(res.tokens),
+        "text": gt.text.split(IM_END)[0],
+        "emitted": gt.sections,
+        "outside_call": outside_call(gt.content),
+        "matched": match_calls(turn["expected"], gt.sections),
+        "blocks": gt.blocks,
+        "prompt_tokens": len(gt.ids),
+        "tokens": len(gt.res.tokens),
     }
 
 
