@@ -148,6 +148,10 @@ def test_messages_errors_in_anthropic_shape(server, ac):
     web = {"type": "web_search_20250305", "name": "web_search"}
     status, out, h = raw_h(server.port, "POST", "/v1/messages", body | {"tools": A_TOOLS + [web]})
     assert status == 200 and h["x-clover-left-out-tools"] == "web_search_20250305:web_search"
+    # a bad custom tool after a server tool is named by its place among all the tools
+    bad_tool = {"name": "9 bad name", "input_schema": {"type": "object"}}
+    status, out, _ = raw_h(server.port, "POST", "/v1/messages", body | {"tools": [web, bad_tool]})
+    assert status == 400 and "tools[1]" in out["error"]["message"] and "tools[0]" not in out["error"]["message"], out
 
 
 # ----------------------------------------------------------------------------- OpenAI Responses

@@ -211,15 +211,14 @@ def parse_tools(body: dict, ignored: list[str]) -> tuple[list[dict] | None, list
         fn = {"name": t.get("name"), "parameters": schema}
         if t.get("description") is not None:
             fn["description"] = t["description"]
-        fns.append({"type": "function", "function": fn})
+        fns.append((i, {"type": "function", "function": fn}))
         ignored += [
             "tools[]." + k
             for k in t
             if k not in ("type", "name", "description", "input_schema", "cache_control", "strict")
         ]
-    at = lambda i: f"tools[{i}]"
-    try:
-        return check_tools(fns, "tools", at), left_out
+    try:  # a custom tool's index among all the tools, the server tools left out included
+        return check_tools([f for _, f in fns], "tools", lambda j: f"tools[{fns[j][0]}]"), left_out
     except FieldError as e:  # the OpenAI shape's path (tools[i].function.name) in Anthropic's words
         raise BadRequest(
             str(e).replace(".function.parameters", ".input_schema").replace(".function", ""), "tools"
