@@ -35,7 +35,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,10 +43,20 @@ import time
 import urllib.request
 import zlib
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from check_common import (
+    REPO,
+    QuietHandler,
+    clover_gguf_bin,
+    free_port,
+    git_describe,
+    parse_sse,
+    python_version,
+    run_quiet,
+)
+
 DEFAULT_MODEL_DIR = REPO / "models" / "clover-tiny-v3-wip"
 TASK = "Read calc.py and fix the bug in add so that test_calc.py passes"
 MODEL_NAME = "clover"  # what every agent is told the model is called (the server answers any name)
@@ -159,12 +168,6 @@ def log(msg: str) -> None:
     print(f"[agents_check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\r", "", text)
 
@@ -224,26 +227,6 @@ def tool_summary(body: object) -> dict:
         kind = str(t.get("type", "(none)")) if isinstance(t, dict) else "?"
         types[kind] = types.get(kind, 0) + 1
     return {"count": len(tools), "types": types, "bytes": len(json.dumps(tools))}
-
-
-def parse_sse(data: bytes) -> list[tuple[str | None, object]]:
-    events = []
-    for raw in re.split(r"\r?\n\r?\n", data.decode("utf-8", "replace")):
-        name, lines = None, []
-        for line in raw.splitlines():
-            if line.startswith("event:"):
-                name = line[6:].strip()
-            elif line.startswith("data:"):
-                lines.append(line[5:].lstrip(" "))
-        if not lines:
-            continue
-        text = "\n".join(lines)
-        try:
-            payload: object = json.loads(text)
-        except ValueError:
-            payload = text
-        events.append((name, payload))
-    return events
 
 
 def _get(d: object, *keys):
@@ -416,27 +399,8 @@ class RecordingProxy(ThreadingHTTPServer):
                 (log_dir / "bodies" / f"{n:03d}-response.txt").write_bytes(resp_body)
 
 
-class ProxyHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class ProxyHandler(QuietHandler):
     server: RecordingProxy
-
-    def log_message(self, fmt, *args):  # quiet
-        pass
-
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    break
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-            return b"".join(chunks)
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
 
     def _forward(self) -> None:
         n = self.server.next_id()
@@ -559,19 +523,6 @@ class ProxyHandler(BaseHTTPRequestHandler):
 # installing the agents
 
 
-def run_quiet(cmd: list[str], timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def python_version(exe: str) -> tuple[int, int] | None:
-    try:
-        out = run_quiet([exe, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"], timeout=30)
-        major, minor = out.stdout.split()
-        return int(major), int(minor)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
-
-
 def find_python(lo: tuple[int, int], hi: tuple[int, int], explicit: str | None = None) -> str | None:
     """A Python interpreter in [lo, hi] (not a venv's): explicit, this one's base, PATH, pyenv."""
     cands: list[str] = []
@@ -688,11 +639,6 @@ def default_model(adir: Path) -> Path:
     log("converting the default model: " + shlex.join(cmd))
     subprocess.run(cmd, check=True)
     return out
-
-
-def clover_gguf_bin() -> str:
-    here = Path(sys.executable).parent / "clover-gguf"
-    return str(here) if here.exists() else (shutil.which("clover-gguf") or "clover-gguf")
 
 
 class Server:
@@ -1178,15 +1124,6 @@ def write_reports(out_dir: Path, rows: dict, meta: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def git_describe() -> str:
-    try:
-        head = run_quiet(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, timeout=30).stdout.strip()
-        dirty = run_quiet(["git", "status", "--porcelain", "--", "clover_gguf"], cwd=REPO, timeout=30).stdout.strip()
-        return head + (" + uncommitted changes under clover_gguf/" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "?"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

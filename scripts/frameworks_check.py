@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import hashlib
 import http.client
 import json
 import os
@@ -48,7 +47,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,10 +55,19 @@ import time
 import traceback
 import urllib.request
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from check_common import (
+    REPO,
+    QuietHandler,
+    clover_gguf_bin,
+    git_describe,
+    parse_sse,
+    python_version,
+    run_quiet,
+)
+
 DEFAULT_MODEL_DIR = REPO / "models" / "clover-tiny-v3-wip"
 MODEL_NAME = "clover"  # what every framework is told the model is called (the server answers any name)
 MODES = ("non-streamed", "streamed")
@@ -595,31 +602,8 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 HOP_BY_HOP |= {"trailers", "transfer-encoding", "upgrade"}
 
 
-class ProxyHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class ProxyHandler(QuietHandler):
     server: RecordingProxy
-
-    def log_message(self, fmt, *args):  # quiet
-        pass
-
-    def handle(self) -> None:
-        with contextlib.suppress(ConnectionResetError, BrokenPipeError):  # a client closed a kept-alive connection
-            super().handle()
-
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    break
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-            return b"".join(chunks)
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
 
     def _forward(self) -> None:
         t0 = time.time()
@@ -693,26 +677,13 @@ class ProxyHandler(BaseHTTPRequestHandler):
 # reading the exchanges: the calls the server returned, and whether each is valid
 
 
-def parse_sse(data: bytes) -> list[object]:
-    events = []
-    for raw in re.split(r"\r?\n\r?\n", data.decode("utf-8", "replace")):
-        lines = [ln[5:].lstrip(" ") for ln in raw.splitlines() if ln.startswith("data:")]
-        if lines:
-            text = "\n".join(lines)
-            try:
-                events.append(json.loads(text))
-            except ValueError:
-                events.append(text)
-    return events
-
-
 def chat_reply(ctype: str, data: bytes) -> dict:
     """content, tool calls [{id, name, arguments}], finish_reason and error of a chat answer
     (a chat.completion, or its SSE chunks accumulated as a client does)."""
     out: dict = {"content": "", "calls": [], "finish_reason": None, "error": None, "sse": "event-stream" in ctype}
     if out["sse"]:
         calls: dict[int, dict] = {}
-        for ev in parse_sse(data):
+        for _, ev in parse_sse(data):
             if not isinstance(ev, dict):
                 continue
             if ev.get("error"):
@@ -943,19 +914,6 @@ def _count(items) -> dict:
 # installing the frameworks
 
 
-def run_quiet(cmd: list[str], timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def python_version(exe: str) -> tuple[int, int] | None:
-    try:
-        out = run_quiet([exe, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"], timeout=30)
-        major, minor = out.stdout.split()
-        return int(major), int(minor)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
-
-
 def find_python(explicit: str | None) -> str | None:
     """Python 3.12 or 3.11 (not a venv's): explicit, pyenv's, PATH's, this one's base."""
     cands = [explicit] if explicit else []
@@ -1030,11 +988,6 @@ def install(fw: str, fdir: Path, args) -> Installed:
 
 def log(msg: str) -> None:
     print(f"[frameworks_check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def clover_gguf_bin() -> str:
-    here = Path(sys.executable).parent / "clover-gguf"
-    return str(here) if here.exists() else (shutil.which("clover-gguf") or "clover-gguf")
 
 
 def default_model() -> Path:
@@ -1327,33 +1280,6 @@ def write_reports(out_dir: Path, rows: dict, meta: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def git_describe() -> str:
-    try:
-        head = run_quiet(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, timeout=30).stdout.strip()
-        dirty = run_quiet(["git", "status", "--porcelain", "--", "clover_gguf"], cwd=REPO, timeout=30).stdout.strip()
-        if not dirty:
-            return head
-        # which uncommitted state was served: a digest of the diff and of the untracked files
-        h = hashlib.sha256(
-            run_quiet(["git", "diff", "HEAD", "--", "clover_gguf"], cwd=REPO, timeout=60).stdout.encode()
-        )
-        for line in sorted(dirty.splitlines()):
-            if line.startswith("??"):
-                path = REPO / line[3:]
-                for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
-                    if f.is_file() and "__pycache__" not in f.parts:
-                        h.update(str(f.relative_to(REPO)).encode() + f.read_bytes())
-        return f"{head} + uncommitted changes under clover_gguf/ (state {h.hexdigest()[:12]})"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
