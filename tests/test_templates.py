@@ -7,11 +7,10 @@ writes it, and `run --chat` on a GGUF whose template is hostile is one line."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
-from testdata import TINY
+from testdata import TINY, editable_tiny
 
 from clover_gguf.cli import cli
 from clover_gguf.tokenizer import TemplateBudget, check_chat_template, render_chat_template
@@ -46,12 +45,7 @@ def test_the_models_templates_render_within_the_limits():
 
 
 def test_convert_refuses_a_hostile_template_before_writing(tmp_path):
-    m = tmp_path / "m"
-    m.mkdir()
-    for f in TINY.iterdir():
-        if f.suffix == ".json":
-            shutil.copy(f, m / f.name)
-    (m / "model.safetensors").symlink_to(TINY / "model.safetensors")
+    m = editable_tiny(tmp_path)
     tc = m / "tokenizer_config.json"
     cfg = json.loads(tc.read_text())
     cfg["chat_template"] = HOSTILE["nested range loops"]

@@ -9,7 +9,7 @@ from collections import namedtuple
 
 import pytest
 from click.testing import CliRunner
-from testdata import TINY
+from testdata import TINY, editable_tiny
 
 from clover_gguf.cli import cli
 from clover_gguf.config import CloverConfig, ConfigError
@@ -17,17 +17,6 @@ from clover_gguf.convert import ConvertError, converter
 from clover_gguf.convert.converter import convert
 from clover_gguf.inputs import DuplicateKeyError, InputError, loads_json, read_bytes
 from clover_gguf.tokenizer import MAX_TOKENIZER_FILE, CloverTokenizer, TokenizerError
-
-
-def _model(tmp_path):
-    """clover-tiny's folder: its JSON files copied (to be edited), its weights linked."""
-    m = tmp_path / "m"
-    m.mkdir()
-    for f in TINY.iterdir():
-        if f.suffix == ".json":
-            shutil.copy(f, m / f.name)
-    (m / "model.safetensors").symlink_to(TINY / "model.safetensors")
-    return m
 
 
 def _convert_fails(m, out, needle):
@@ -54,7 +43,7 @@ def test_loads_json_refuses_a_key_given_twice_at_any_depth():
 
 def test_config_json_key_given_twice(tmp_path):
     """num_experts 8, then 4: json.loads took 4 without a word."""
-    m = _model(tmp_path)
+    m = editable_tiny(tmp_path)
     c = m / "config.json"
     c.write_text(c.read_text().replace('"num_experts": 8,', '"num_experts": 8, "num_experts": 4,'))
     assert c.read_text().count('"num_experts"') == 2
@@ -65,7 +54,7 @@ def test_config_json_key_given_twice(tmp_path):
 
 
 def test_tokenizer_config_json_key_given_twice(tmp_path):
-    m = _model(tmp_path)
+    m = editable_tiny(tmp_path)
     tc = m / "tokenizer_config.json"
     tc.write_text(_dup_after(tc.read_text(), "{", "eos_token", '"<|mask|>"'))
     with pytest.raises(TokenizerError) as e:
@@ -77,7 +66,7 @@ def test_tokenizer_config_json_key_given_twice(tmp_path):
 def test_tokenizer_json_vocabulary_key_given_twice(tmp_path):
     """A token string twice in model.vocab: the tokenizers library keeps the last id; the GGUF's
     vocabulary would silently miss one."""
-    m = _model(tmp_path)
+    m = editable_tiny(tmp_path)
     tj = m / "tokenizer.json"
     text = tj.read_text()
     vocab = json.loads(text)["model"]["vocab"]
@@ -89,7 +78,7 @@ def test_tokenizer_json_vocabulary_key_given_twice(tmp_path):
 def test_index_json_key_given_twice(tmp_path):
     from clover_gguf.checkpoint import Checkpoint, CheckpointError
 
-    m = _model(tmp_path)
+    m = editable_tiny(tmp_path)
     names = list(Checkpoint(TINY).names())
     wm = ", ".join(f'"{n}": "model.safetensors"' for n in names)
     (m / "model.safetensors.index.json").write_text(
@@ -104,7 +93,7 @@ def test_a_tokenizer_file_over_the_limit_is_refused_unread(tmp_path):
     """Issue 47: a 500 MB tokenizer.json was read whole (1.26 GB peak). A sparse file of that
     size is refused from its size alone: no byte of it is read."""
     assert MAX_TOKENIZER_FILE == 64 << 20  # twice Gemma 3's 33 MB tokenizer.json, the largest in wide use
-    m = _model(tmp_path)
+    m = editable_tiny(tmp_path)
     tj = m / "tokenizer.json"
     with open(tj, "r+b") as f:
         f.truncate(500 << 20)
