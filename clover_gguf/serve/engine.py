@@ -370,6 +370,7 @@ class _Group:
         self.runs: dict[int, _Run] = {}  # sequence -> the job decoding there
         self.prefilling: dict[int, _Prefill] = {}  # sequence -> the job whose prompt is being committed
         self.last = time.perf_counter()  # when the last step ended: a chunk is about one step long
+        self.starting: list[tuple[int, list[int], GenerationConfig]] = []  # the first refill's runs
 
     def admit(self, job: Job, seq: int) -> _Prefill | None:
         if job.cancelled.is_set():
@@ -412,7 +413,7 @@ class _Group:
         return True
 
     def refill(self, free: list[int]) -> list[tuple[int, list[int], GenerationConfig]]:
-        out = []
+        out, self.starting = self.starting, []
         idle = all(not (r.job and not r.finished) for r in self.runs.values())
         budget = None if idle else max(_MIN_CHUNK_S, time.perf_counter() - self.last)
         waiting = sorted(self.prefilling.values(), key=lambda p: p.job.t_submit)
@@ -433,18 +434,6 @@ class _Group:
         self.last = time.perf_counter()
         return out
 
-    def close_gaps(self) -> None:
-        """Move the runs whose prompt is committed onto sequences 0..k-1 (a job cancelled or
-        failed while its prompt was committed leaves a gap): generate_batch's i-th prompt is on
-        sequence i."""
-        rt = self.e.rt
-        for i, seq in enumerate(sorted(self.runs)):
-            if seq != i:
-                rt.load_state(rt.save_state(seq), i)
-                run = self.runs.pop(seq)
-                run.seq = i
-                self.runs[i] = run
-
     def after_step(self, i: int) -> bool:
         self.last = time.perf_counter()
         return self.runs[i].after_step()
@@ -453,22 +442,21 @@ class _Group:
         e, runs = self.e, self.runs
         # nothing decodes yet: prompts are committed whole, the shortest first (the others wait
         # for them, not the other way round)
-        for job in jobs:
-            seq = len(self.prefilling)  # generate_batch puts its i-th prompt on sequence i
+        for seq, job in enumerate(jobs):
             if (p := self.admit(job, seq)) is not None:
                 self.prefilling[seq] = p
         for p in sorted(self.prefilling.values(), key=lambda p: p.end - p.pos):
             self.advance(p, None)
-        self.close_gaps()
-        first = [runs[i] for i in sorted(runs)]
-        if not first:
+        if not runs:
             return
+        # they start through refill, on the sequences their prompts were committed on
+        self.starting = [(r.seq, r.job.prompt[r.start :], r.job.cfg) for r in runs.values()]
         e.counters["groups"] += 1
         e._graphs0 = e.counters["denoise_graphs"]
         try:
             e.rt.generate_batch(
-                [r.job.prompt[r.start :] for r in first],
-                [r.job.cfg for r in first],
+                [],
+                [],
                 on_block=lambda i, toks, st: runs[i].on_block(toks, st),
                 reset=False,
                 on_finish=lambda i, res: runs[i].finish(res),

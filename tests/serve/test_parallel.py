@@ -177,7 +177,7 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_others(tiny_gguf, tmp_p
 @pytest.mark.parametrize("cancelled", [0, 1])
 def test_a_job_cancelled_in_a_group_leaves_the_others_right(tiny_gguf, expect, cancelled):
     """Jobs that waited together, one of them cancelled before its prompt is committed: the others
-    decode on sequences 0..k-1 as generate_batch numbers them, each getting what it gets alone (the
+    decode on the sequences their prompts were committed on, each getting what it gets alone (the
     long server fuzz campaign found a KeyError there when the first job was the one cancelled)."""
     from clover_gguf.reference.generate import GenerationConfig
     from clover_gguf.runtime.runtime import CloverRuntime
