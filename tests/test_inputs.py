@@ -150,7 +150,7 @@ def test_runtime_refuses_a_fifo(tmp_path, fifo):
 
 
 def test_llama_clover_cli_refuses_a_fifo(tmp_path, fifo):
-    """patches/0010: llama.cpp's own tool stats -m first instead of blocking on open()."""
+    """native/clover-cli.cpp: llama-clover-cli stats -m first instead of blocking on open()."""
     import subprocess
 
     from clover_gguf.runtime.build import runtime_paths

@@ -62,7 +62,7 @@ def check_request(
 
 
 def check_prompt_tokens(ids: list[int]) -> None:
-    """A text prompt gives at least one token (llama-clover-cli's rule and words, patches/0010):
+    """A text prompt gives at least one token (llama-clover-cli's rule and words, native/clover-cli.cpp):
     a GGUF whose token strings match nothing (not UTF-8, say) must not generate from nothing."""
     if not ids:
         raise ValueError("-p: the prompt gives no tokens")

@@ -1,5 +1,5 @@
-"""ctypes bindings: the clover_* C API (clover.h, exported by libclover, the patches' generation
-library beside libllama: tools/clover-cli) on top of
+"""ctypes bindings: the clover_* C API (native/clover.h, exported by libclover, the project's own
+generation library beside libllama, on llama.h's public API) on top of
 llama-cpp-python's own bindings (`llama_cpp.llama_cpp`: `_lib`, `ctypes_function`), plus the
 few llama_cpp pieces the runtime needs that 0.3.36 leaves unbound or typed as void*
 (tensor buffer-type overrides, the CPU buffer type).

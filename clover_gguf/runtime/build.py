@@ -1,7 +1,9 @@
-"""Build the project's llama.cpp runtime: the llama-cpp-python 0.3.36 sdist + `patches/*.patch`.
+"""Build the project's llama.cpp runtime: the llama-cpp-python 0.3.36 sdist + `patches/*.patch`,
+and the project's own native side on top of it (`native/`: libclover, libclover-grammar,
+`llama-clover-cli`, `test-clover`).
 
-One cmake + ninja build of the vendored llama.cpp (shared libraries, `llama-clover-cli`,
-`test-backend-ops`, `test-clover`, `llama-quantize`), then the patched llama-cpp-python *Python
+One cmake + ninja build of `native/`, which adds the vendored llama.cpp as a subdirectory (shared
+libraries, `test-backend-ops`, `llama-quantize`), then the patched llama-cpp-python *Python
 package* is pip-installed with `LLAMA_BUILD=OFF` (no second compile) and the freshly built
 libraries are copied into its `llama_cpp/lib`.
 
@@ -65,6 +67,7 @@ CLOVER_SYMBOLS = (
 STAMP_VERSION = 1
 
 PATCH_DIR = REPO_ROOT / "patches"
+NATIVE_DIR = REPO_ROOT / "native"
 
 
 class BuildError(CloverError, RuntimeError):
@@ -137,6 +140,11 @@ def series_hash(patches: list[Path]) -> str:
     for p in patches:
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def native_hash(native_dir: Path = NATIVE_DIR) -> str:
+    """The native side's sources, for the build stamp."""
+    return series_hash(sorted(p for p in native_dir.iterdir() if p.is_file()))
 
 
 def _run(
@@ -354,7 +362,8 @@ def cmake_args(src: Path, build: Path, opts: BuildOptions) -> list[str]:
     args = [
         "cmake",
         "-S",
-        src / "vendor" / "llama.cpp",
+        NATIVE_DIR,
+        f"-DLLAMA_CPP_DIR={src / 'vendor' / 'llama.cpp'}",
         "-B",
         build,
         "-G",
@@ -370,8 +379,7 @@ def cmake_args(src: Path, build: Path, opts: BuildOptions) -> list[str]:
         "-DLLAMA_BUILD_APP=OFF",
         "-DLLAMA_OPENSSL=OFF",
         "-DLLAMA_CURL=OFF",
-        "-DLLAMA_BUILD_CLOVER=ON",  # tools/clover-cli (llama-clover-cli), from the patches
-        f"-DGGML_RPC={'ON' if opts.rpc else 'OFF'}",  # tools/rpc comes with clover-cli (patches/0010)
+        f"-DGGML_RPC={'ON' if opts.rpc else 'OFF'}",  # tools/rpc (rpc-server) with the tools
         # the libraries are copied next to each other (lib/, llama_cpp/lib) and the
         # programs to bin/: find them through $ORIGIN wherever they end up
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
@@ -600,6 +608,7 @@ def build_stamp(dirs: RuntimeDirs, opts: BuildOptions, patches: list[Path]) -> d
         "sdist_sha256": SDIST_SHA256,
         "patches": [p.name for p in patches],
         "series_sha256": series_hash(patches),
+        "native_sha256": native_hash(),
         "options": opts.key(),
         "cmake_args": [a for a in cmake_args(dirs.src, dirs.build, opts) if "LAUNCHER" not in a],
     }
@@ -616,6 +625,17 @@ def stamp_matches(dirs: RuntimeDirs, stamp: dict, partial: bool) -> bool:
         and {k: old.get(k) for k in stamp} == stamp
         and (partial or _same_file(dirs.lib_dir / "libllama.so", dirs.build / "bin" / "libllama.so"))
     )
+
+
+def _configured_source(build: Path) -> Path | None:
+    """The source tree a cmake build dir was configured from (None: not configured)."""
+    cache = build / "CMakeCache.txt"
+    if not cache.exists():
+        return None
+    for line in cache.read_text(errors="replace").splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:INTERNAL="):
+            return Path(line.split("=", 1)[1]).resolve()
+    return None
 
 
 def _compile(sdist: Path, patches: list[Path], dirs: RuntimeDirs, opts: BuildOptions, times: dict) -> None:
@@ -637,6 +657,9 @@ def _compile(sdist: Path, patches: list[Path], dirs: RuntimeDirs, opts: BuildOpt
     with _timed(times, "configure"):
         if dirs.stamp_path.exists():
             dirs.stamp_path.unlink()
+        if _configured_source(dirs.build) not in (None, NATIVE_DIR.resolve()):
+            _log(f"{dirs.build} was configured from another source tree: starting it again")
+            shutil.rmtree(dirs.build)
         _run(cmake_args(dirs.src, dirs.build, opts), env=env, what="cmake configure", capture=True)
 
     # 3. build the targets that exist (llama-clover-cli only with the patches)

@@ -14,7 +14,7 @@ from testdata import REPO, TINY, VECTORS
 
 from clover_gguf.gguf_io import codec
 
-HINT = "(does the runtime include patches/0005, 0007, 0009, 0010? `clover-gguf runtime build` rebuilds it)"
+HINT = "(does the runtime include patches/0005, 0007 and native/? `clover-gguf runtime build` rebuilds it)"
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from clover_gguf.cli import cli
 from clover_gguf.gguf_io import codec as F
 from clover_gguf.gguf_io.reader import GGUFReadError, load_gguf_as_hf_tensors
 
-HINT = "(does the runtime include patches/0007 and 0010? `clover-gguf runtime build` rebuilds it)"
+HINT = "(does the runtime include patches/0007 and native/? `clover-gguf runtime build` rebuilds it)"
 
 
 @pytest.fixture(scope="module")
