@@ -4,16 +4,22 @@
 #   scripts/check_series.sh [--out DIR] [--work DIR]
 #
 # The committed patch files are applied one by one to a fresh unpack of the runtime's sdist
-# (`clover_gguf.runtime.build.fetch_sdist`: $CLOVER_GGUF_SDIST if set, else the cache); after each,
-# one build tree (incremental, ccache when installed) builds the CPU targets that exist, then runs:
+# (`clover_gguf.runtime.build.fetch_sdist`: $CLOVER_GGUF_SDIST if set, else the cache). One build tree
+# (incremental, ccache when installed; the project's native/ with llama.cpp as its subdirectory)
+# builds the base first, then after each patch the CPU targets that exist, and runs:
+#   unit       upstream's test-alloc and test-gguf (no model needed)
+#   symbols    the C symbols the series has added so far to libggml*, libllama and libllama-common
+#              against the base's build (scripts/series_symbols.py; mangled C++ internals apart)
 #   quantize   llama-quantize of clover-tiny F32 -> experts Q4_K, attn_q Q4_K, the rest Q8_0 (ssm_alpha/beta
 #              F32, as our converter keeps them), tensor for tensor equal to `clover-gguf convert` with
 #              those types                                          (once the arch exists)
-#   vectors    test-clover on the spec's vectors (F32 GGUF)        (once test-clover exists)
-#   generate   llama-clover-cli, 32 greedy tokens of clover-tiny Q4_K_M; every prefix that has
-#              the CLI must print the same ids                     (once the CLI exists)
+#   diffusion  llama-diffusion-cli, 32 greedy tokens of clover-tiny Q4_K_M (block commit)
+#                                                                   (once examples/diffusion has it)
 #   upstream   convert_hf_to_gguf.py on clover-tiny: the same tensors and keys as ours
 #                                                                   (once gguf-py knows clover)
+# After the last patch, clover-gguf's own native/ (libclover, test-clover, llama-clover-cli) is built
+# on the series: test-clover on the spec's vectors, and llama-clover-cli must print the same ids as
+# llama-diffusion-cli for the same prompt ids.
 # test-backend-ops is built at every prefix but compares a backend against the CPU, so on a
 # CPU-only machine it checks nothing: scripts/device_check.sh runs it on a GPU.
 #
@@ -79,12 +85,12 @@ CPU_FLAGS="$("$PY" -c 'from clover_gguf.runtime.build import NATIVE_CPU_FLAGS; p
 PATCHES=("$HERE"/patches/*.patch)
 series_hash() { "$PY" -c 'from clover_gguf.runtime.build import patch_series, series_hash; print(series_hash(patch_series()))'; }
 SERIES="$(series_hash)"
-echo "| # | patch | apply | build (s) | quantize | vectors | generate | upstream |" > "$SUM"
-echo "|---|---|---|---|---|---|---|---|" >> "$SUM"
+echo "| # | patch | apply | build (s) | C symbols added | test-alloc, test-gguf | quantize | diffusion | upstream |" > "$SUM"
+echo "|---|---|---|---|---|---|---|---|---|" >> "$SUM"
 FAILED=0
-IDS_FIRST=""
+IDS=""
+PROMPT_IDS=""
 
-# run NAME CMD...: a test; its output goes to the log, its verdict to $R
 run() {
     local name="$1"; shift
     local t0=$SECONDS out
@@ -144,14 +150,47 @@ quantize_check() { # the types of tests/convert/test_llama_quantize.py
         > /dev/null && same_tensors "$IN/tiny-q8-q4k.gguf" "$WORK/quant.gguf"
 }
 
+unit_tests() { # upstream's own harnesses that need no model: test-alloc (0003's case), test-gguf (0005's)
+    "$BUILD/bin/test-alloc" > "$WORK/test-alloc.log" 2>&1 || { tail -5 "$WORK/test-alloc.log"; return 1; }
+    "$BUILD/bin/test-gguf" > "$WORK/test-gguf.log" 2>&1 || { tail -5 "$WORK/test-gguf.log"; return 1; }
+}
+
 vectors_check() {
     "$BUILD/bin/test-clover" "$IN/vec-f32.gguf" "$HERE/tests/data/spec-vectors/vectors.json" | grep 'ALL OK'
 }
 
-generate() {
-    "$BUILD/bin/llama-clover-cli" -m "$IN/tiny-q4km.gguf" -p "def fibonacci(n):" -n 32 -t 2 --verbose-prompt 2> /dev/null \
-        | tail -1 | grep '^ids: '
+diffusion_ids() { # llama-diffusion-cli's greedy ids, and the prompt's
+    local out
+    out="$("$BUILD/bin/llama-diffusion-cli" -m "$IN/tiny-q4km.gguf" -p "def fibonacci(n):" -n 32 -t 2 --temp 0 \
+        --diffusion-threshold 0 --diffusion-steps 8 --verbose-prompt 2>&1)" || { echo "$out" | tail -5; return 1; }
+    echo "$out" | grep -o 'prompt ids: .*' | tail -1
+    echo "$out" | grep -o ' ids: .*' | sed 's/^ //' | tail -1 | grep '^ids: '
 }
+
+clover_cli_ids() { # llama-clover-cli (native/) on the same prompt ids: the same ids as llama-diffusion-cli
+    local ids
+    ids="$("$BUILD/bin/llama-clover-cli" -m "$IN/tiny-q4km.gguf" --prompt-ids "$PROMPT_IDS" -n 32 -t 2 \
+        --diffusion-threshold 0 --diffusion-steps 8 --verbose-prompt 2> /dev/null | grep '^ids: ')" || return 1
+    echo "$ids"
+    [ "$ids" = "$IDS" ] || { echo "llama-diffusion-cli: $IDS"; return 1; }
+}
+
+configure() {
+    cmake -S "$HERE/native" -DLLAMA_CPP_DIR="$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+        -DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS" -DGGML_CCACHE=OFF "${LAUNCH[@]}" \
+        -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_CUDA=OFF > "$WORK/build.log" 2>&1
+}
+
+LIBS=(ggml ggml-base ggml-cpu llama llama-common)
+t0=$SECONDS
+if configure && ninja -C "$BUILD" "${LIBS[@]}" >> "$WORK/build.log" 2>&1; then
+    rm -rf "$WORK/base-lib" && mkdir -p "$WORK/base-lib" && cp -a "$BUILD"/bin/lib*.so* "$WORK/base-lib/"
+    log "base: build ${LIBS[*]}: ok ($((SECONDS - t0)) s)"
+    echo "| 0 | base (0c1e57098) | | $((SECONDS - t0)) | | | | | |" >> "$SUM"
+else
+    log "base: build FAIL"; grep -E "error|Error" "$WORK/build.log" | head -20 >> "$LOG"; exit 2
+fi
 
 k=0
 for p in "${PATCHES[@]}"; do
@@ -159,20 +198,15 @@ for p in "${PATCHES[@]}"; do
     name="$(basename "$p" .patch)"
     if ! (cd "$SRC" && git apply "$p") >> "$LOG" 2>&1; then
         log "$name: does not apply"
-        echo "| $k | $name | FAIL | | | | | |" >> "$SUM"
+        echo "| $k | $name | FAIL | | | | | | |" >> "$SUM"
         FAILED=1
         break
     fi
     log "$name"
-    targets=(ggml llama test-backend-ops llama-quantize)
-    [ -f "$SRC/tests/test-clover.cpp" ] && targets+=(test-clover)
-    [ -f "$SRC/tools/clover-cli/clover-cli.cpp" ] && targets+=(llama-clover-cli)
+    targets=("${LIBS[@]}" test-backend-ops llama-quantize test-alloc test-gguf)
+    grep -q block_commit "$SRC/examples/diffusion/diffusion.h" && targets+=(llama-diffusion-cli)
     t0=$SECONDS
-    if cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON \
-        "-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS" -DGGML_CCACHE=OFF "${LAUNCH[@]}" -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_CLOVER=ON -DGGML_CUDA=OFF > "$WORK/build.log" 2>&1 \
-        && ninja -C "$BUILD" "${targets[@]}" >> "$WORK/build.log" 2>&1; then
+    if configure && ninja -C "$BUILD" "${targets[@]}" >> "$WORK/build.log" 2>&1; then
         build="$((SECONDS - t0))"
         log "  build ${targets[*]}: ok ($build s)"
     else
@@ -180,40 +214,65 @@ for p in "${PATCHES[@]}"; do
         FAILED=1
         log "  build ${targets[*]}: FAIL"
         grep -E "error|Error" "$WORK/build.log" | head -20 >> "$LOG"
-        echo "| $k | $name | ok | FAIL | | | | |" >> "$SUM"
+        echo "| $k | $name | ok | FAIL | | | | | |" >> "$SUM"
         continue
     fi
-    q="–" v="–" g="–" u="–"
+    "$PY" "$HERE/scripts/series_symbols.py" "$WORK/base-lib" "$BUILD/bin" --json "$WORK/symbols.json" > "$WORK/symbols.txt"
+    sym="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["c_added"])' "$WORK/symbols.json")"
+    log "  C symbols added so far: $sym"
+    q="–" g="–" u="–"
+    run upstream-tests unit_tests
+    t="$R"
     if [ -f "$SRC/src/models/clover.cpp" ]; then
         run quantize quantize_check
         q="$R"
     fi
-    if [[ " ${targets[*]} " == *" test-clover "* ]]; then
-        run vectors vectors_check
-        v="$R"
-    fi
-    if [[ " ${targets[*]} " == *" llama-clover-cli "* ]]; then
-        run generate generate
+    if [[ " ${targets[*]} " == *" llama-diffusion-cli "* ]]; then
+        run diffusion diffusion_ids
         g="$R"
-        ids="$LAST_OUT"
-        if [ "$R" = ok ]; then
-            [ -n "$IDS_FIRST" ] || IDS_FIRST="$ids"
-            if [ "$ids" != "$IDS_FIRST" ]; then g="FAIL (other ids)"; FAILED=1; log "  generate: other ids: $ids"; fi
-        fi
+        IDS="$(echo "$LAST_OUT" | grep '^ids: ')"
+        PROMPT_IDS="$(echo "$LAST_OUT" | grep '^prompt ids: ' | sed 's/prompt ids: //; s/ /,/g')"
     fi
     if [ -f "$SRC/conversion/clover.py" ]; then
         run upstream upstream_convert
         u="$R"
     fi
-    echo "| $k | $name | ok | $build | $q | $v | $g | $u |" >> "$SUM"
+    echo "| $k | $name | ok | $build | $sym | $t | $q | $g | $u |" >> "$SUM"
 done
+
+# clover-gguf's native side on the whole series
+t0=$SECONDS
+v="–" c="–"
+if ninja -C "$BUILD" clover clover-grammar test-clover llama-clover-cli >> "$WORK/build.log" 2>&1; then
+    nb="$((SECONDS - t0))"
+    log "native: build ok ($nb s)"
+    run vectors vectors_check
+    v="$R"
+    if [ -n "$IDS" ]; then
+        run clover-cli clover_cli_ids
+        c="$R"
+    fi
+else
+    nb="FAIL"; FAILED=1; log "native: build FAIL"; grep -E "error|Error" "$WORK/build.log" | head -20 >> "$LOG"
+fi
+{
+    echo
+    echo "native/ (clover-gguf's libclover, test-clover, llama-clover-cli) on the whole series: build $nb s," \
+        "test-clover vectors $v, llama-clover-cli ids = llama-diffusion-cli ids $c"
+    echo
+    echo "C symbols the series adds (scripts/series_symbols.py, against the base's build):"
+    echo
+    echo '```'
+    cat "$WORK/symbols.txt"
+    echo '```'
+} >> "$SUM"
 
 [ "$(series_hash)" = "$SERIES" ] || { log "patches/ changed during the run: run it again"; FAILED=1; SERIES="changed during the run"; }
 {
     echo
     echo "series: \`$SERIES\` ($k patches)"
     echo
-    echo "ids of every prefix with llama-clover-cli: \`${IDS_FIRST:-none}\`"
+    echo "llama-diffusion-cli's greedy ids (prompt ids \`${PROMPT_IDS:-none}\`): \`${IDS:-none}\`"
     echo
     echo "$(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, ccache: $(command -v ccache > /dev/null && [ -z "${CCACHE_DISABLE:-}" ] && echo yes || echo no)."
     echo "build (s): the incremental build after that patch (CMake's dependencies decide what recompiles)."

@@ -98,10 +98,10 @@ if [[ $STAGES == *build* ]]; then
     else
         rm -rf "$DEV/src" && mkdir -p "$DEV/src" && tar -C "$DEV/src" -xzf "$DEV/llama-src.tar.gz"
         ARCH=$(head -1 "$OUTDIR/gpu.txt" | awk -F', ' '{gsub(/\./, "", $3); print $3}')
-        cmake -S "$DEV/src/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+        cmake -S "$REPO/native" -DLLAMA_CPP_DIR="$DEV/src/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
             -DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" -DGGML_CUDA_FA=OFF \
             -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-            -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_CLOVER=ON \
+            -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
             -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' > "$OUTDIR/build.log" 2>&1 \
           && ninja -C "$BUILD" -j "$NPROC" llama ggml ggml-cuda test-backend-ops test-clover llama-clover-cli \
                >> "$OUTDIR/build.log" 2>&1

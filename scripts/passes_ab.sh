@@ -5,7 +5,7 @@
 # `python scripts/compare_passes_ab.py OUT`. Keep the machine quiet (pause training with SIGSTOP).
 # old = OLD_PY (a worktree of the old commit) with OLD_LIB (a build of its series with the runtime's
 # flags); new = NEW_PY (default: this checkout, its .venv runtime built by `clover-gguf runtime build`).
-# W holds the synthetic GGUFs (made on the first run).
+# W holds the synthetic GGUFs (made on the first run); LAYERS (default 2,4) and THREADS (default 1,2).
 set -u
 [ $# -ge 2 ] || { sed -n '2,8p' "$0"; exit 2; }
 OUT="$(cd "$1" && pwd)"
@@ -16,8 +16,8 @@ NEW_PY=${NEW_PY:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 PY=${PY:-$NEW_PY/.venv/bin/python}
 run() { # tag pythonpath libpath
   echo "[$(date +%T)] $1 start load $(cut -d' ' -f1-3 /proc/loadavg)"
-  ( cd "$2" && env PYTHONPATH="$2" ${3:+LLAMA_CPP_LIB_PATH=$3} "$PY" -m clover_gguf.cli eval passes --layers 2 \
-      --threads 1,2 --rounds 5 --work "$W" --out "$OUT/$1" ) > "$OUT/$1.log" 2>&1
+  ( cd "$2" && env PYTHONPATH="$2" ${3:+LLAMA_CPP_LIB_PATH=$3} "$PY" -m clover_gguf.cli eval passes --layers "${LAYERS:-2,4}" \
+      --threads "${THREADS:-1,2}" --rounds 5 --work "$W" --out "$OUT/$1" ) > "$OUT/$1.log" 2>&1
   echo "[$(date +%T)] $1 end load $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 for tag in "$@"; do
