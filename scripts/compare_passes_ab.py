@@ -21,14 +21,19 @@ def load(folder: Path) -> dict:
     for d in sorted(p for p in folder.iterdir() if (p / "passes.json").exists()):
         build = re.sub(r"-\d+$", "", d.name)
         for r in json.loads((d / "passes.json").read_text())["runs"]:
-            runs.setdefault(build, {}).setdefault(f"{r['head']}, {r['threads']}", []).append(r)
+            key = (
+                f"{r['layers']} layers, {r['head']}, {r['threads']}"
+                if "layers" in r
+                else f"{r['head']}, {r['threads']}"
+            )
+            runs.setdefault(build, {}).setdefault(key, []).append(r)
     return runs
 
 
 def compare(old: dict, new: dict) -> tuple[dict, list[str]]:
     """One build against the base: per configuration, each ratio and Clover's own medians."""
     res: dict = {"configs": {}}
-    md = ["| lm_head, threads | " + " | ".join(RATIOS) + " |", "|---" * (len(RATIOS) + 1) + "|"]
+    md = ["| layers, lm_head, threads | " + " | ".join(RATIOS) + " |", "|---" * (len(RATIOS) + 1) + "|"]
     worst = 0.0
     for cfg in sorted(new):
         cells, c = [], {}
