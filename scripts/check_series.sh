@@ -26,7 +26,8 @@
 # Writes DIR/log.txt (every command's tail on failure) and DIR/summary.md, which names the series'
 # hash (tests/runtime/test_patches.py checks that it is the committed series'); exits non-zero when a
 # prefix fails to apply, build or pass. Default DIR: evaldata/series.
-# Environment: PYTHON (default .venv/bin/python, else python3).
+# Environment: PYTHON (default .venv/bin/python, else python3); SAMPLER_MODEL, a non-clover GGUF:
+# upstream's test-backend-sampler runs case by case on it, on the base and after the whole series.
 #
 #   bash scripts/check_series.sh                         # before committing a change to patches/
 #   CCACHE_DISABLE=1 bash scripts/check_series.sh        # from nothing (about 15 minutes on 2 cores)
@@ -155,6 +156,18 @@ unit_tests() { # upstream's own harnesses that need no model: test-alloc (0003's
     "$BUILD/bin/test-gguf" > "$WORK/test-gguf.log" 2>&1 || { tail -5 "$WORK/test-gguf.log"; return 1; }
 }
 
+sampler_tests() { # TAG: upstream's test-backend-sampler, case by case, on $SAMPLER_MODEL (a non-clover GGUF)
+    local t line="- $1:"
+    for t in $("$PY" -c 'import re, sys; print(" ".join(re.findall(r"\{ \"(\w+)\",\s+test_backend_", open(sys.argv[1]).read())))' "$SRC/tests/test-backend-sampler.cpp"); do
+        if timeout 600 "$BUILD/bin/test-backend-sampler" --test "$t" --model "$SAMPLER_MODEL" > "$WORK/sampler-$t.log" 2>&1; then
+            line="$line $t ok,"
+        else
+            line="$line **$t FAIL**,"
+        fi
+    done
+    echo "$line" >> "$WORK/sampler.md"
+}
+
 vectors_check() {
     "$BUILD/bin/test-clover" "$IN/vec-f32.gguf" "$HERE/tests/data/spec-vectors/vectors.json" | grep 'ALL OK'
 }
@@ -186,6 +199,10 @@ LIBS=(ggml ggml-base ggml-cpu llama llama-common)
 t0=$SECONDS
 if configure && ninja -C "$BUILD" "${LIBS[@]}" >> "$WORK/build.log" 2>&1; then
     rm -rf "$WORK/base-lib" && mkdir -p "$WORK/base-lib" && cp -a "$BUILD"/bin/lib*.so* "$WORK/base-lib/"
+    : > "$WORK/sampler.md"
+    if [ -n "${SAMPLER_MODEL:-}" ] && ninja -C "$BUILD" test-backend-sampler >> "$WORK/build.log" 2>&1; then
+        sampler_tests base
+    fi
     log "base: build ${LIBS[*]}: ok ($((SECONDS - t0)) s)"
     echo "| 0 | base (0c1e57098) | | $((SECONDS - t0)) | | | | | |" >> "$SUM"
 else
@@ -240,6 +257,10 @@ for p in "${PATCHES[@]}"; do
     echo "| $k | $name | ok | $build | $sym | $t | $q | $g | $u |" >> "$SUM"
 done
 
+if [ -n "${SAMPLER_MODEL:-}" ] && ninja -C "$BUILD" test-backend-sampler >> "$WORK/build.log" 2>&1; then
+    sampler_tests "series ($k patches)"
+fi
+
 # clover-gguf's native side on the whole series
 t0=$SECONDS
 v="–" c="–"
@@ -260,6 +281,12 @@ fi
     echo "native/ (clover-gguf's libclover, test-clover, llama-clover-cli) on the whole series: build $nb s," \
         "test-clover vectors $v, llama-clover-cli ids = llama-diffusion-cli ids $c"
     echo
+    if [ -s "$WORK/sampler.md" ]; then
+        echo "test-backend-sampler on \`$(basename "$SAMPLER_MODEL")\` (SAMPLER_MODEL), each case, base and whole series:"
+        echo
+        cat "$WORK/sampler.md"
+        echo
+    fi
     echo "C symbols the series adds (scripts/series_symbols.py, against the base's build):"
     echo
     echo '```'
