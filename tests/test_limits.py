@@ -12,7 +12,7 @@ from clover_gguf.limits import BY_GGUF, LIMITS, MAX_STATE_BYTES, LimitError, che
 
 
 def _cpp_table():
-    patch = next((REPO / "patches").glob("*-llama-add-the-clover-architecture*.patch"))  # src/clover-validate.cpp
+    patch = next((REPO / "patches").glob("*-add-the-clover-architecture*.patch"))  # src/clover-validate.cpp
     text = patch.read_text()
     body = text[text.index("const clover_limit CLOVER_LIMITS[] = {") :]
     body = body[: body.index("};")]
