@@ -12,6 +12,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "noise.h"
 
 #include <algorithm>
 #include <chrono>
@@ -23,16 +24,6 @@
 #include <vector>
 
 using clk = std::chrono::steady_clock;
-
-// ggml-impl.h's ggml_gumbel_noise (GGML_OP_GUMBEL_ARGMAX's noise), which ggml does not export
-static double gumbel_noise(uint64_t key, int64_t c) {
-    uint64_t z = key ^ ((uint64_t) c * 0x9E3779B97F4A7C15ull);
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z = z ^ (z >> 31);
-    return -std::log(-std::log(((double) (z >> 40) + 0.5) * (1.0 / 16777216.0)));
-}
 
 struct variant {
     const char * name;
@@ -122,7 +113,7 @@ int main(int argc, char ** argv) {
               for (int64_t r = 0; r < R; ++r) {
                   const uint64_t key = (uint32_t) keys[2 * r] | ((uint64_t) (uint32_t) keys[2 * r + 1] << 32);
                   for (int64_t c = 0; c < V; ++c) {
-                      noise[(size_t) r * V + c] = (float) gumbel_noise(key, c);
+                      noise[(size_t) r * V + c] = (float) clover_gumbel_noise(key, c);
                   }
               }
               ggml_backend_tensor_set(t_noise, noise.data(), 0, noise.size() * 4);

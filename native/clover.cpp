@@ -15,6 +15,7 @@
 // same tokens either way and in the PyTorch reference.
 
 #include "clover.h"
+#include "noise.h"
 
 #include "ggml-backend.h"
 #include "ggml.h"
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -114,20 +116,6 @@ int32_t guarded(const char * fn, F && f) {
     return CLOVER_ERR_EXCEPTION;
 }
 
-// splitmix64: the noise keys (docs/CONTRACTS.md)
-uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-// GGML_OP_GUMBEL_ARGMAX's noise (ggml-impl.h's ggml_gumbel_noise, not exported): the host path
-// draws the same as the device
-double gumbel_noise(uint64_t key, int64_t c) {
-    const double u = ((double) (mix64(key ^ ((uint64_t) c * 0x9E3779B97F4A7C15ull)) >> 40) + 0.5) * (1.0 / 16777216.0);
-    return -std::log(-std::log(u));
-}
 
 // The candidate choice as a backend sampler: ggml_gumbel_argmax of its sequence's output rows,
 // each with the noise key of the row's position, so that only the candidate and its confidence
@@ -439,7 +427,7 @@ candidate pick_host(const float * a, int32_t n_vocab, llama_token mask_id, const
         c.tok = work[0].second;
         for (int32_t k = 0; k < n_keep; ++k) {
             const llama_token v = work[k].second;
-            const double s = (double) a[v] / T + gumbel_noise(row_key, v);
+            const double s = (double) a[v] / T + clover_gumbel_noise(row_key, v);
             if (s > best_s || (s == best_s && v < c.tok)) {
                 best_s = s;
                 c.tok  = v;
@@ -618,15 +606,20 @@ void unmask(clover_seq & s, clover_batch & b, int32_t i, const candidate & c) {
     }
 }
 
-// a row's logits through the sequence's bias sampler (clover_batch_set_bias), the mask token at -Inf,
-// into b.row
-const float * bias_row(clover_batch & b, const clover_seq & s, const float * a, int32_t n_vocab, llama_token mask_id) {
+// a row's logits, the mask token at -Inf, through the given samplers in order (null ones skipped:
+// a sequence's bias sampler, clover_batch_set_bias, then its constraint), into b.row
+const float * filtered_row(clover_batch & b, const float * a, int32_t n_vocab, llama_token mask_id,
+                           std::initializer_list<llama_sampler *> samplers) {
     b.tdata.resize(n_vocab);
     for (int32_t v = 0; v < n_vocab; ++v) {
         b.tdata[v] = { v, v == mask_id ? -INFINITY : a[v], 0.0f };
     }
     llama_token_data_array arr = { b.tdata.data(), (size_t) n_vocab, -1, false };
-    llama_sampler_apply(s.bias, &arr);
+    for (llama_sampler * smpl : samplers) {
+        if (smpl) {
+            llama_sampler_apply(smpl, &arr);
+        }
+    }
     b.row.assign(n_vocab, -INFINITY);
     for (size_t k = 0; k < arr.size; ++k) {
         const llama_token v = arr.data[k].id;
@@ -678,29 +671,13 @@ int32_t step_constrained(clover_batch & b, clover_seq & s, llama_token mask_id, 
         if (!a) {
             return CLOVER_ERR_OUTPUT;
         }
-        b.tdata.resize(n_vocab);
-        bool finite = true; // checked in the copy: the constraint's -Inf come after it
-        for (int32_t v = 0; v < n_vocab; ++v) {
-            finite = finite && std::isfinite(a[v]);
-            b.tdata[v] = { v, v == mask_id ? -INFINITY : a[v], 0.0f };
-        }
-        if (!finite) {
+        if (!row_finite(a, n_vocab)) { // the model's row: the constraint's -Inf come after it
             log_nonfinite(s, i);
             return CLOVER_ERR_NONFINITE;
         }
-        llama_token_data_array arr = { b.tdata.data(), (size_t) n_vocab, -1, false };
-        if (s.bias) {
-            llama_sampler_apply(s.bias, &arr); // before the constraint filters the row
-        }
-        llama_sampler_apply(s.constraint, &arr);
-        b.row.assign(n_vocab, -INFINITY);
-        for (size_t k = 0; k < arr.size; ++k) {
-            const llama_token v = arr.data[k].id;
-            if (v >= 0 && v < n_vocab) {
-                b.row[v] = arr.data[k].logit;
-            }
-        }
-        const candidate c = pick_host(b.row.data(), n_vocab, mask_id, s.p, clover_row_key(step_key, pos0 + i), b.work);
+        // the bias before the constraint filters the row
+        const float * f = filtered_row(b, a, n_vocab, mask_id, { s.bias, s.constraint });
+        const candidate c = pick_host(f, n_vocab, mask_id, s.p, clover_row_key(step_key, pos0 + i), b.work);
         if (!c.ok) {
             log_nonfinite(s, i);
             return CLOVER_ERR_NONFINITE;
@@ -903,7 +880,7 @@ int32_t denoise_group(clover_batch & b, const std::vector<clover_seq *> & group,
                     return (int32_t) CLOVER_OK;
                 }
                 if (s.bias) {
-                    a = bias_row(b, s, a, n_vocab, mask_id);
+                    a = filtered_row(b, a, n_vocab, mask_id, { s.bias });
                 }
                 c = pick_host(a, n_vocab, mask_id, s.p, clover_row_key(step_key, pos0[g] + i), b.work);
                 if (c.ok && s.n_top > 0) {
@@ -1134,11 +1111,11 @@ struct clover_gen_params clover_gen_default_params(void) {
 }
 
 uint64_t clover_step_key(uint64_t seed, int32_t block_index, int32_t step) {
-    return mix64(mix64(seed) ^ (((uint64_t) (uint32_t) block_index << 32) | (uint32_t) step));
+    return clover_mix64(clover_mix64(seed) ^ (((uint64_t) (uint32_t) block_index << 32) | (uint32_t) step));
 }
 
 uint64_t clover_row_key(uint64_t step_key, llama_pos pos) {
-    return mix64(step_key ^ (uint64_t) (uint32_t) pos);
+    return clover_mix64(step_key ^ (uint64_t) (uint32_t) pos);
 }
 
 int32_t clover_model_block_size(const struct llama_model * model) {

@@ -121,6 +121,16 @@ static void check_bad_metadata(const char * path, const char * key, int64_t val 
     }
 }
 
+// a vectors case's generation parameters (block size, steps, temperature, new tokens)
+static clover_gen_params case_params(const json & c) {
+    clover_gen_params gp = clover_gen_default_params();
+    gp.block_size     = c["block_size"].get<int>();
+    gp.steps          = c["steps"].get<int>();
+    gp.temperature    = c["temperature"].get<float>();
+    gp.max_new_tokens = c["max_new_tokens"].get<int>();
+    return gp;
+}
+
 static llama_context * make_ctx(llama_model * model, int n_ubatch) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx     = 4096;
@@ -239,11 +249,7 @@ int main(int argc, char ** argv) {
         const json & c = cases["greedy_steps"];
         auto p   = toks(c["prompt"]);
         auto ref = toks(c["tokens"]);
-        clover_gen_params gp = clover_gen_default_params();
-        gp.block_size     = c["block_size"].get<int>();
-        gp.steps          = c["steps"].get<int>();
-        gp.temperature    = c["temperature"].get<float>();
-        gp.max_new_tokens = c["max_new_tokens"].get<int>();
+        const clover_gen_params gp = case_params(c);
         std::vector<llama_token> out(gp.max_new_tokens);
         const int n = clover_generate(cx, p.data(), p.size(), gp, out.data(), out.size(), nullptr, nullptr);
         out.resize(std::max(n, 0));
@@ -266,11 +272,8 @@ int main(int argc, char ** argv) {
         const json & c = cases["greedy_steps"];
         auto p   = toks(c["prompt"]);
         auto ref = toks(c["tokens"]);
-        clover_gen_params gp = clover_gen_default_params();
-        gp.block_size     = c["block_size"].get<int>();
-        gp.steps          = c["steps"].get<int>();
-        gp.temperature    = 0.0f;
-        gp.max_new_tokens = c["max_new_tokens"].get<int>();
+        clover_gen_params gp = case_params(c);
+        gp.temperature = 0.0f;
         const llama_vocab * vocab = llama_model_get_vocab(model);
         llama_sampler * pick = clover_sampler_init_pick(model, 0.0f);
         // the generated blocks' tokens with smpl as sequence 0's bias sampler (empty on an error)
@@ -367,11 +370,8 @@ int main(int argc, char ** argv) {
         llama_context * cx = m ? make_ctx(m, 8) : nullptr;
         bool ok = cx != nullptr;
         if (ok) {
-            clover_gen_params gp = clover_gen_default_params();
-            gp.block_size     = B;
-            gp.steps          = c["steps"].get<int>();
-            gp.temperature    = 0.0f;
-            gp.max_new_tokens = c["max_new_tokens"].get<int>();
+            clover_gen_params gp = case_params(c); // block size B
+            gp.temperature = 0.0f;
             std::vector<llama_token> out(gp.max_new_tokens);
             int n_blocks = 0;
             auto cb = [](const clover_block_stats *, void * ud) { (*(int *) ud)++; return true; };
