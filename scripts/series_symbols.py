@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from clover_gguf.runtime.build import cmake_cache_value
+
 LIBS = ("libggml-base.so", "libggml-cpu.so", "libggml.so", "libllama.so", "libllama-common.so")
 
 
@@ -43,15 +45,9 @@ def added(base_dir: Path, new_dir: Path) -> dict[str, dict[str, list[str]]]:
 def public_names(lib_dir: Path) -> set[str] | None:
     """Function names declared in the public headers of the tree lib_dir's build was configured
     from (include/, ggml/include/), or None when that tree is not found."""
-    src = None
-    for cache in (lib_dir / "CMakeCache.txt", lib_dir.parent / "CMakeCache.txt"):
-        if cache.exists():
-            text = cache.read_text(errors="replace")
-            m = re.search(r"^LLAMA_CPP_DIR:PATH=(.+)$", text, re.M) or re.search(
-                r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.+)$", text, re.M
-            )
-            src = Path(m.group(1)) if m else None
-            break
+    build = lib_dir if (lib_dir / "CMakeCache.txt").exists() else lib_dir.parent
+    tree = cmake_cache_value(build, "LLAMA_CPP_DIR") or cmake_cache_value(build, "CMAKE_HOME_DIRECTORY")
+    src = Path(tree) if tree else None
     if src is None or not (src / "include").is_dir():
         return None
     names: set[str] = set()

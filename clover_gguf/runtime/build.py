@@ -627,15 +627,21 @@ def stamp_matches(dirs: RuntimeDirs, stamp: dict, partial: bool) -> bool:
     )
 
 
-def _configured_source(build: Path) -> Path | None:
-    """The source tree a cmake build dir was configured from (None: not configured)."""
+def cmake_cache_value(build: Path, name: str) -> str | None:
+    """An entry of a cmake build dir's CMakeCache.txt (None: not configured, or no such entry)."""
     cache = build / "CMakeCache.txt"
     if not cache.exists():
         return None
     for line in cache.read_text(errors="replace").splitlines():
-        if line.startswith("CMAKE_HOME_DIRECTORY:INTERNAL="):
-            return Path(line.split("=", 1)[1]).resolve()
+        if line.startswith(f"{name}:"):
+            return line.split("=", 1)[1]
     return None
+
+
+def _configured_source(build: Path) -> Path | None:
+    """The source tree a cmake build dir was configured from (None: not configured)."""
+    home = cmake_cache_value(build, "CMAKE_HOME_DIRECTORY")
+    return Path(home).resolve() if home else None
 
 
 def _compile(sdist: Path, patches: list[Path], dirs: RuntimeDirs, opts: BuildOptions, times: dict) -> None:
@@ -662,7 +668,7 @@ def _compile(sdist: Path, patches: list[Path], dirs: RuntimeDirs, opts: BuildOpt
             shutil.rmtree(dirs.build)
         _run(cmake_args(dirs.src, dirs.build, opts), env=env, what="cmake configure", capture=True)
 
-    # 3. build the targets that exist (llama-clover-cli only with the patches)
+    # 3. build the targets that exist (a target missing from the tree is named and skipped)
     have = _ninja_targets(dirs.build)
     tg = [x for x in opts.resolved_targets() if x in have]
     missing = [x for x in opts.resolved_targets() if x not in have]
